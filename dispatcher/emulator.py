@@ -1,0 +1,285 @@
+"""An exact CPU model of FlashInfer's MoE all-to-all (``moe_a2a_dispatch`` / ``_combine``).
+
+Each rank's workspace is a byte array laid out by ``workspace.layout``; dispatch writes every
+token's payload rows to ``recv_plane[target][payload] + (src_rank * R + send_index) * bytes``
+exactly as ``vectorized_dispatch_impl`` does, with ``R`` the *sender's* runtime, one copy per
+distinct target rank (duplicates collapse, as ``__match_any_sync`` does); combine reads the
+target's staged expert output at ``combine_offset + (src_rank * R + send_index) * bytes``. So
+an undersized or rank-variant runtime corrupts exactly the bytes the kernel would, and the
+``Monitor`` names each write or read that left its slot. The kernel hands out send indices
+with ``atomicAdd`` (any order); the model uses token order, one of the kernel's legal orders.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .inputs import (RankInputs, decode_hidden, from_bf16_bits, make_inputs, owners_of,
+                     reference_outputs, stand_in_moe, to_bf16_bits)
+from .workspace import (INT32, Layout, PayloadSpec, aux_offsets, combine_bytes_per_token,
+                        dispatch_payloads, layout, workspace_size_per_rank)
+from .world import World
+
+__all__ = ["SlotEvent", "Monitor", "SlotOverflowDetected", "IllegalAddress", "A2AModel",
+           "RoundTrip", "round_trip", "POISON"]
+
+POISON = 0xA5  # unused slots hold this, so stale rows are visible
+
+
+class IllegalAddress(RuntimeError):
+    """A write or read past a rank's workspace: on a GPU, an illegal-address fault."""
+
+
+@dataclass(frozen=True)
+class SlotEvent:
+    """One row that the kernel moves to or from a place other than its slot."""
+
+    phase: str  # dispatch | combine
+    source_rank: int
+    target_rank: int
+    token: int
+    payload: str
+    send_index: int
+    sender_runtime: int
+    receiver_runtime: int
+    lands_in: str
+
+    def __str__(self) -> str:
+        verb = "wrote" if self.phase == "dispatch" else "read"
+        return (f"{self.phase}: rank {self.source_rank} token {self.token} -> rank "
+                f"{self.target_rank} {self.payload} send_index {self.send_index} "
+                f"(sender runtime {self.sender_runtime}, receiver runtime "
+                f"{self.receiver_runtime}) {verb} {self.lands_in}")
+
+
+class SlotOverflowDetected(AssertionError):
+    """The monitor saw rows leave their slots: the runtime was too small or not agreed."""
+
+
+@dataclass
+class Monitor:
+    events: List[SlotEvent] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.events)
+
+    def raise_if_any(self, limit: int = 5) -> None:
+        if self.events:
+            lines = [str(e) for e in self.events[:limit]]
+            more = len(self.events) - limit
+            raise SlotOverflowDetected(
+                f"{len(self.events)} row(s) left their A2A slot:\n  " + "\n  ".join(lines)
+                + (f"\n  ... and {more} more" if more > 0 else ""))
+
+
+def _where(lay: Layout, offset: int, aux_end: int) -> str:
+    """Name the place ``offset`` falls in, in a receiver laid out by ``lay``."""
+    if offset < aux_end:
+        return "the aux region (counters/flags)"
+    for q, p in enumerate(lay.payloads):
+        start = lay.recv_offsets[q]
+        plane = lay.ep_size * lay.runtime * p.bytes_per_token
+        if start <= offset < start + plane:
+            src, row = divmod((offset - start) // p.bytes_per_token, lay.runtime)
+            return f"{p.name} slot of source rank {src}, row {row}"
+    if lay.dispatch_end <= offset < lay.combine_offset:
+        return "alignment padding after the dispatch planes"
+    if lay.combine_offset <= offset < lay.combine_end:
+        src, row = divmod((offset - lay.combine_offset) // lay.combine_bytes, lay.runtime)
+        return f"combine slot of source rank {src}, row {row}"
+    return "the unused tail of the workspace"
+
+
+class A2AModel:
+    """W ranks' workspaces (``[W, size_per_rank]`` bytes, sized for the cap) and the two
+    collective calls, each taking every rank's arguments at once."""
+
+    def __init__(self, ep_size: int, max_num_tokens: int, payloads: Sequence[PayloadSpec],
+                 combine_bytes: int, num_experts: int, top_k: int):
+        self.ep_size = ep_size
+        self.max_num_tokens = max_num_tokens
+        self.payloads = tuple(payloads)
+        self.combine_bytes = combine_bytes
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.size_per_rank = workspace_size_per_rank(
+            ep_size, max_num_tokens, sum(p.bytes_per_token for p in payloads), combine_bytes)
+        self.aux = aux_offsets(ep_size, max_num_tokens)
+        # moe_a2a_initialize zeroes each rank; we poison the planes so stale rows show.
+        self.workspace = np.full((ep_size, self.size_per_rank), POISON, dtype=np.uint8)
+        self.workspace[:, :self.aux.payload_data] = 0
+        self.monitor = Monitor()
+        self._sends: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._layouts: List[Layout] = []
+
+    def _layout(self, runtime: int) -> Layout:
+        lay = layout(self.ep_size, self.max_num_tokens, runtime, self.payloads, self.combine_bytes)
+        if lay.dispatch_end > self.size_per_rank:  # the C++ op's TVM_FFI_ICHECK
+            raise ValueError(f"workspace size per rank insufficient, need {lay.dispatch_end} "
+                             f"bytes but has {self.size_per_rank}")
+        return lay
+
+    def _routes(self, expert_ids: np.ndarray):
+        """(token, target) for each first top-k slot per distinct target, and its send index."""
+        n, k = expert_ids.shape
+        owners = owners_of(expert_ids, self.num_experts, self.ep_size)
+        earlier = np.tril(np.ones((k, k), dtype=bool), -1)  # [k, j]: j < k
+        dup = ((owners[:, :, None] == owners[:, None, :]) & earlier).any(axis=2)
+        tok, kk = np.nonzero(~dup)  # row-major: token order, then k
+        tgt = owners[tok, kk]
+        onehot = tgt[:, None] == np.arange(self.ep_size)[None, :]
+        idx = (np.cumsum(onehot, axis=0)[np.arange(len(tgt)), tgt] - 1) if len(tgt) else tgt
+        return tok, tgt, idx.astype(np.int64)
+
+    def dispatch(self, runtimes: Sequence[int], inputs: Sequence[RankInputs]):
+        """All ranks' ``moe_a2a_dispatch``; returns each rank's receive planes
+        (``[W, R_rank, bytes]`` views per payload) and the recv-count matrix [target, source]."""
+        W = self.ep_size
+        self._layouts = [self._layout(r) for r in runtimes]
+        recv_counts = np.zeros((W, W), dtype=np.int64)
+        flat = self.workspace.reshape(-1)
+        self._sends = []
+        for s, inp in enumerate(inputs):
+            tok, tgt, idx = self._routes(inp.expert_ids)
+            self._sends.append((tok, tgt, idx))
+            np.add.at(recv_counts, (tgt, np.full_like(tgt, s)), 1)
+            R_s, lay_s = runtimes[s], self._layouts[s]
+            for q, spec in enumerate(self.payloads):
+                b = spec.bytes_per_token
+                dst = lay_s.recv_offsets[q] + (s * R_s + idx) * b
+                self._audit("dispatch", s, tok, tgt, idx, dst, q, runtimes,
+                            lambda lay: lay.recv_offsets[q], b)
+                cols = (tgt * self.size_per_rank + dst)[:, None] + np.arange(b)
+                flat[cols] = inp.payload_rows[q][tok]
+        for t in range(W):  # send_counters -> recv_counters[target][source]
+            off = self.aux.recv_counters
+            self.workspace[t, off:off + W * INT32] = recv_counts[t].astype(np.int32).view(np.uint8)
+        views = []
+        for t in range(W):
+            lay = self._layouts[t]
+            views.append([self.workspace[t, o:o + W * lay.runtime * p.bytes_per_token]
+                          .reshape(W, lay.runtime, p.bytes_per_token)
+                          for o, p in zip(lay.recv_offsets, self.payloads)])
+        return views, recv_counts
+
+    def _audit(self, phase, s, tok, tgt, idx, offsets, q, runtimes, plane_start, b):
+        """Record every row whose offset differs from its receiver's slot row, and fault on
+        any that falls past the workspace."""
+        if not len(tgt):
+            return
+        R = np.asarray(runtimes, dtype=np.int64)
+        starts = np.array([plane_start(lay) for lay in self._layouts], dtype=np.int64)
+        expect = starts[tgt] + (s * R[tgt] + idx) * b
+        past = offsets + b > self.size_per_rank
+        if past.any():
+            i = int(np.argmax(past))
+            raise IllegalAddress(f"{phase}: rank {s} token {int(tok[i])} -> rank {int(tgt[i])} "
+                                 f"touches byte {int(offsets[i]) + b} of a "
+                                 f"{self.size_per_rank}-byte workspace")
+        name = self.payloads[q].name if q is not None else "expert output"
+        verb = "into " if phase == "dispatch" else "from "
+        for i in np.nonzero((offsets != expect) | (idx >= R[tgt]))[0]:
+            t = int(tgt[i])
+            self.monitor.events.append(SlotEvent(
+                phase, s, t, int(tok[i]), name, int(idx[i]), int(R[s]), int(R[t]),
+                verb + _where(self._layouts[t], int(offsets[i]), self.aux.payload_data)))
+
+    def combine(self, runtimes: Sequence[int], expert_outputs: Sequence[np.ndarray],
+                local_num_tokens: Sequence[int]) -> List[np.ndarray]:
+        """All ranks' ``moe_a2a_combine``: stage each rank's ``[W, R, combine_bytes]`` output
+        into its workspace, then sum one row per distinct target (fp32, no routing weights)
+        and round to bf16. Returns each rank's ``[n, H]`` float32 (bf16 values)."""
+        W, c = self.ep_size, self.combine_bytes
+        for t in range(W):
+            lay = self._layouts[t]
+            out = np.ascontiguousarray(expert_outputs[t]).view(np.uint8).reshape(-1)
+            self.workspace[t, lay.combine_offset:lay.combine_offset + out.size] = out
+        flat = self.workspace.reshape(-1)
+        results = []
+        for s in range(W):
+            tok, tgt, idx = self._sends[s]
+            lay_s = self._layouts[s]
+            src = lay_s.combine_offset + (s * runtimes[s] + idx) * c
+            self._audit("combine", s, tok, tgt, idx, src, None, runtimes,
+                        lambda lay: lay.combine_offset, c)
+            rows = flat[(tgt * self.size_per_rank + src)[:, None] + np.arange(c)]
+            vals = from_bf16_bits(np.ascontiguousarray(rows).view(np.uint16))
+            acc = np.zeros((local_num_tokens[s], c // 2), dtype=np.float32)
+            np.add.at(acc, tok, vals)
+            results.append(from_bf16_bits(to_bf16_bits(acc)))
+        return results
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """One emulated dispatch -> stand-in MoE -> combine, and what it should have been."""
+
+    outputs: Tuple[np.ndarray, ...]
+    reference: Tuple[np.ndarray, ...]
+    recv_counts: np.ndarray  # [target, source] as the kernel wrote them
+    expected_counts: np.ndarray  # from routing alone
+    events: Tuple[SlotEvent, ...]
+    received_ok: bool  # every received row equals the row its sender sent
+
+    def mismatched_ranks(self) -> List[int]:
+        return [r for r, (o, e) in enumerate(zip(self.outputs, self.reference))
+                if not np.array_equal(o, e)]
+
+    @property
+    def exact(self) -> bool:
+        return (not self.mismatched_ranks() and not self.events and self.received_ok
+                and np.array_equal(self.recv_counts, self.expected_counts))
+
+
+def expected_recv_counts(world: World, inputs: Sequence[RankInputs]) -> np.ndarray:
+    """[target, source]: tokens of ``source`` with at least one expert on ``target``."""
+    W = world.ep_size
+    counts = np.zeros((W, W), dtype=np.int64)
+    for s, inp in enumerate(inputs):
+        owners = owners_of(inp.expert_ids, world.moe.num_experts, W)
+        counts[:, s] = (owners[:, :, None] == np.arange(W)).any(axis=1).sum(axis=0)
+    return counts
+
+
+def round_trip(world: World, runtimes: Sequence[int],
+               inputs: Optional[Sequence[RankInputs]] = None) -> RoundTrip:
+    """Run the world through the model with ``runtimes[r]`` on rank ``r``."""
+    moe = world.moe
+    fmt = moe.payload_format
+    specs = dispatch_payloads(fmt, moe.hidden_size, moe.top_k)
+    inputs = make_inputs(world) if inputs is None else inputs
+    model = A2AModel(world.ep_size, world.max_num_tokens, specs,
+                     combine_bytes_per_token(moe.hidden_size), moe.num_experts, moe.top_k)
+    views, recv_counts = model.dispatch(runtimes, inputs)
+    n_hidden = len(specs) - 2
+    received_ok = _received_rows_ok(model, views, inputs)
+    outputs = []
+    for t, planes in enumerate(views):
+        R = runtimes[t]
+        flat = [np.ascontiguousarray(p).reshape(world.ep_size * R, -1) for p in planes]
+        x = decode_hidden(flat[:n_hidden], fmt, moe.hidden_size)
+        ids = flat[n_hidden].view(np.int32)
+        w = flat[n_hidden + 1].view(np.float32)
+        y = stand_in_moe(x, ids, w, t, moe.num_experts, world.ep_size)
+        outputs.append(y.reshape(world.ep_size, R, moe.hidden_size))
+    combined = model.combine(runtimes, outputs, world.rows_per_rank)
+    return RoundTrip(tuple(combined), tuple(reference_outputs(world, inputs)), recv_counts,
+                     expected_recv_counts(world, inputs), tuple(model.monitor.events), received_ok)
+
+
+def _received_rows_ok(model: A2AModel, views, inputs) -> bool:
+    """Every (source, send index) row a receiver holds is the row its sender sent."""
+    flat = model.workspace.reshape(-1)
+    R = np.array([lay.runtime for lay in model._layouts], dtype=np.int64)
+    for s, (tok, tgt, idx) in enumerate(model._sends):
+        if (idx >= R[tgt]).any():
+            return False
+        for q, spec in enumerate(model.payloads):
+            b = spec.bytes_per_token
+            starts = np.array([lay.recv_offsets[q] for lay in model._layouts], dtype=np.int64)
+            at = tgt * model.size_per_rank + starts[tgt] + (s * R[tgt] + idx) * b
+            if not np.array_equal(flat[at[:, None] + np.arange(b)], inputs[s].payload_rows[q][tok]):
+                return False
+    return True

@@ -1,0 +1,204 @@
+"""The serving world the dispatcher lives in (SGLang's model; ../shared/DESIGN.md section 1).
+
+A ``World`` is one forward step of one MoE layer across all EP ranks: the topology, what the
+scheduler recorded, the cap, and the MoE shapes. Everything a rank sees (``RankView``) and
+every row count is *derived* from it, so a world cannot contradict itself.
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from functools import cached_property
+from typing import Optional, Tuple
+
+from .sizing import RankView, ceil_align
+from .workspace import SUPPORTED_TOP_K, PayloadFormat
+
+__all__ = ["MoeConfig", "World", "DP_GLOBAL_KINDS", "ROUTINGS", "expert_owner", "owned_experts"]
+
+DP_GLOBAL_KINDS = ("recorded", "none", "empty")
+ROUTINGS = ("uniform", "hot_rank")
+
+
+def owned_experts(rank: int, num_experts: int, ep_size: int) -> range:
+    """Contiguous ownership with remainder: ranks ``< E % W`` own one extra expert."""
+    base, rem = divmod(num_experts, ep_size)
+    start = rank * base + min(rank, rem)
+    return range(start, start + base + (1 if rank < rem else 0))
+
+
+def expert_owner(expert_id: int, num_experts: int, ep_size: int) -> int:
+    """``compute_target_rank_id`` from FlashInfer's dispatch kernel."""
+    base, rem = divmod(num_experts, ep_size)
+    split = rem * (base + 1)
+    if expert_id < split:
+        return expert_id // (base + 1)
+    return rem + (expert_id - split) // base
+
+
+def _short_repr(obj) -> str:
+    """``Name(field=value, ...)`` with default-valued fields left out: a one-line replay."""
+    parts = []
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else MISSING)
+        if default is MISSING or value != default:
+            parts.append(f"{f.name}={value!r}")
+    return f"{type(obj).__name__}({', '.join(parts)})"
+
+
+@dataclass(frozen=True, repr=False)
+class MoeConfig:
+    """MoE shapes of the layer and how its tensors are made (from ``seed``, no hidden RNG)."""
+
+    hidden_size: int = 128
+    top_k: int = 8
+    num_experts: int = 64
+    payload: str = "bf16"  # a PayloadFormat value: bf16 | nvfp4 | mxfp8
+    routing: str = "uniform"  # uniform | hot_rank (every token to one EP rank's experts)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.top_k not in SUPPORTED_TOP_K:
+            raise ValueError(f"top_k={self.top_k} not in FlashInfer's {SUPPORTED_TOP_K}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing={self.routing!r} not in {ROUTINGS}")
+        PayloadFormat(self.payload)
+
+    @property
+    def payload_format(self) -> PayloadFormat:
+        return PayloadFormat(self.payload)
+
+    __repr__ = _short_repr
+
+    def _repr_pretty_(self, printer, cycle):  # Hypothesis/IPython: print the one-line replay
+        printer.text(repr(self))
+
+
+@dataclass(frozen=True, repr=False)
+class World:
+    """One step of one MoE layer on ``ep_size`` EP ranks.
+
+    ``group_tokens[g]`` is DP group ``g``'s scheduler token count before padding (one group
+    when DP attention is off). ``dp_global_kind`` says what ``get_dp_global_num_tokens()``
+    returns: the recorded list, ``None`` or ``[]`` (nothing recorded: every group runs the
+    same batch, as in CUDA-graph capture).
+    """
+
+    ep_size: int
+    dp_size: int
+    group_tokens: Tuple[int, ...]
+    max_num_tokens: int
+    dp_global_kind: str = "recorded"
+    max_len_padding: bool = False
+    moe: MoeConfig = field(default_factory=MoeConfig)
+
+    def __post_init__(self):
+        if not 1 <= self.ep_size <= 64:
+            raise ValueError(f"ep_size={self.ep_size} outside FlashInfer's 1..64")
+        if self.dp_size < 1 or self.ep_size % self.dp_size:
+            raise ValueError(f"dp_size={self.dp_size} must divide ep_size={self.ep_size}")
+        if len(self.group_tokens) != self.dp_size:
+            raise ValueError(f"{len(self.group_tokens)} group counts for dp_size={self.dp_size}")
+        if min(self.group_tokens) < 0:
+            raise ValueError(f"negative token count in {self.group_tokens}")
+        if self.dp_global_kind not in DP_GLOBAL_KINDS:
+            raise ValueError(f"dp_global_kind={self.dp_global_kind!r} not in {DP_GLOBAL_KINDS}")
+        if self.dp_global_kind != "recorded" and len(set(self.group_tokens)) > 1:
+            raise ValueError("dp_global unrecorded (None/[]) only when every group runs the "
+                             "same batch")
+        if self.max_len_padding and self.dp_size == 1:
+            raise ValueError("MAX_LEN padding is a DP-attention mode (dp_size > 1)")
+        if self.max_num_tokens < 1:
+            raise ValueError(f"max_num_tokens={self.max_num_tokens} must be >= 1")
+        if self.moe.num_experts < max(self.ep_size, self.moe.top_k):
+            raise ValueError(f"num_experts={self.moe.num_experts} < max(ep_size, top_k)")
+
+    __repr__ = _short_repr
+
+    def _repr_pretty_(self, printer, cycle):  # Hypothesis/IPython: print the one-line replay
+        printer.text(repr(self))
+
+    # --- topology -------------------------------------------------------------------------
+    @property
+    def attn_tp_size(self) -> int:
+        return self.ep_size // self.dp_size
+
+    @property
+    def dp_attention(self) -> bool:
+        return self.dp_size > 1
+
+    def dp_group(self, ep_rank: int) -> int:
+        return ep_rank // self.attn_tp_size
+
+    # --- what the scheduler and the scatter produce ----------------------------------------
+    @cached_property
+    def padded_group_tokens(self) -> Tuple[int, ...]:
+        """Each group's count padded to attn_tp (all raised to the max in MAX_LEN mode)."""
+        padded = tuple(ceil_align(n, self.attn_tp_size) for n in self.group_tokens)
+        if self.max_len_padding:
+            padded = (max(padded),) * self.dp_size
+        return padded
+
+    @cached_property
+    def rows_per_rank(self) -> Tuple[int, ...]:
+        """``x.shape[0]`` on each EP rank after the attention-TP scatter."""
+        tp = self.attn_tp_size
+        return tuple(self.padded_group_tokens[r // tp] // tp for r in range(self.ep_size))
+
+    @property
+    def dp_global(self) -> Optional[Tuple[int, ...]]:
+        if self.dp_global_kind == "none":
+            return None
+        if self.dp_global_kind == "empty":
+            return ()
+        return self.padded_group_tokens
+
+    @property
+    def max_rows(self) -> int:
+        return max(self.rows_per_rank)
+
+    @property
+    def ideal_runtime(self) -> int:
+        """The value every rank should pass: the largest post-scatter row count, at least 1."""
+        return max(1, self.max_rows)
+
+    @property
+    def payload_fits_cap(self) -> bool:
+        """Whether a valid runtime exists at all (every rank's rows fit the workspace cap)."""
+        return self.max_rows <= self.max_num_tokens
+
+    def rank_view(self, ep_rank: int) -> RankView:
+        return RankView(ep_rank=ep_rank, ep_size=self.ep_size, dp_size=self.dp_size,
+                        attn_tp_size=self.attn_tp_size, dp_global=self.dp_global,
+                        local_tokens=self.rows_per_rank[ep_rank],
+                        max_num_tokens=self.max_num_tokens)
+
+    @cached_property
+    def views(self) -> Tuple[RankView, ...]:
+        return tuple(self.rank_view(r) for r in range(self.ep_size))
+
+    # --- for readers ------------------------------------------------------------------------
+    def describe(self) -> str:
+        """The world in words, for failure messages."""
+        mode = (f"DP attention on (dp={self.dp_size}, attn_tp={self.attn_tp_size}"
+                f"{', MAX_LEN padding' if self.max_len_padding else ''})"
+                if self.dp_attention else f"DP attention off (SP scatter over attn_tp={self.attn_tp_size})")
+        dpg = self.dp_global
+        return "\n".join([
+            f"  ep_size={self.ep_size}  {mode}",
+            f"  scheduler tokens per DP group: {list(self.group_tokens)}"
+            f" -> padded {list(self.padded_group_tokens)}",
+            f"  dp_global (get_dp_global_num_tokens): {None if dpg is None else list(dpg)}",
+            f"  payload rows per EP rank (x.shape[0]): {_compact(self.rows_per_rank)}",
+            f"  workspace cap max_num_tokens={self.max_num_tokens}; ideal runtime="
+            f"{self.ideal_runtime}{'' if self.payload_fits_cap else '  (payload OVER the cap)'}",
+            f"  moe: {self.moe}",
+        ])
+
+
+def _compact(values) -> str:
+    values = list(values)
+    if len(values) > 16:
+        return f"{values[:8]} ... {values[-4:]} ({len(values)} ranks)"
+    return str(values)

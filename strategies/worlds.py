@@ -1,0 +1,175 @@
+"""World strategies (../shared/DESIGN.md section 1).
+
+Valid worlds are built directly, never filtered: the topology first (ep_size, dp_size dividing
+it), then what the scheduler records for each DP group (skewed, zeros, all-zero, equal, MAX_LEN
+padding), then the cap *relative to the payload it must hold* (at it, one above, one below, at
+the pre-scatter count the pre-fix rule uses, realistic caps). Boundaries (0 and 1 token, counts
+at and around multiples of attn_tp) are drawn on purpose. Every choice lists its simplest
+option first, so failures shrink to one group, one rank, few tokens, the default MoE.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from hypothesis import strategies as st
+
+from dispatcher.sizing import ceil_align
+from dispatcher.workspace import HIDDEN_MULTIPLE, SUPPORTED_TOP_K, PayloadFormat
+from dispatcher.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
+
+__all__ = ["topologies", "group_token_counts", "caps", "moe_configs", "worlds", "a2a_worlds",
+           "regimes", "SHAPES", "CAP_PLACEMENTS"]
+
+POW2 = (1, 2, 4, 8, 16, 32, 64)
+SHAPES = ("equal", "independent", "one_hot", "with_zeros", "all_zero")
+CAP_PLACEMENTS = ("at_payload", "payload_plus_1", "payload_minus_1", "pre_scatter",
+                  "pre_scatter_minus_1", "realistic", "roomy")
+REALISTIC_CAPS = (256, 1024, 4096, 8192, 16384)
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def topologies(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None):
+    """``(ep_size, dp_size)``: powers of two mostly, any size up to ``max_ep`` sometimes;
+    ``dp_size`` any divisor (1 = DP attention off)."""
+    if ep_sizes:
+        ep = draw(st.sampled_from(sorted(ep_sizes)))
+    else:
+        ep = draw(st.sampled_from([p for p in POW2 if p <= max_ep]) | st.integers(1, max_ep))
+    dp = draw(st.sampled_from(_divisors(ep)))
+    return ep, dp
+
+
+def _token_count(attn_tp: int, max_tokens: int):
+    """0, 1, counts around a multiple of attn_tp, or anything up to ``max_tokens``."""
+    special = sorted({0, 1, attn_tp - 1, attn_tp, attn_tp + 1, 2 * attn_tp + 1})
+    return st.sampled_from([x for x in special if 0 <= x <= max_tokens]) | st.integers(0, max_tokens)
+
+
+@st.composite
+def group_token_counts(draw, dp_size: int, attn_tp: int, max_tokens: int, shape: Optional[str] = None):
+    """Scheduler token counts, one per DP group, in one of ``SHAPES``."""
+    shape = shape or draw(st.sampled_from(SHAPES if dp_size > 1 else SHAPES[:1] + ("all_zero",)))
+    one = _token_count(attn_tp, max_tokens)
+    if shape == "all_zero":
+        return (0,) * dp_size
+    if shape == "equal":
+        return (draw(one),) * dp_size
+    if shape == "one_hot":  # one busy group, the rest idle or nearly (skew)
+        hot = draw(st.integers(0, dp_size - 1))
+        big = draw(one)
+        rest = draw(st.lists(st.integers(0, 2), min_size=dp_size, max_size=dp_size))
+        return tuple(big if g == hot else rest[g] for g in range(dp_size))
+    counts = draw(st.lists(one, min_size=dp_size, max_size=dp_size))
+    if shape == "with_zeros":
+        zero = draw(st.lists(st.booleans(), min_size=dp_size, max_size=dp_size))
+        counts = [0 if z else c for c, z in zip(counts, zero)]
+    return tuple(counts)
+
+
+@st.composite
+def caps(draw, payload_rows: int, pre_scatter: int, placement: Optional[str] = None,
+         fitting_only: bool = False):
+    """A workspace cap placed relative to the largest payload (``payload_rows``) and the
+    pre-scatter count (``pre_scatter``); ``fitting_only`` keeps the payload within it."""
+    m = max(1, payload_rows)
+    options = {
+        "at_payload": m,
+        "payload_plus_1": m + 1,
+        "payload_minus_1": max(1, m - 1),
+        "pre_scatter": max(1, pre_scatter),
+        "pre_scatter_minus_1": max(1, pre_scatter - 1),
+    }
+    placement = placement or draw(st.sampled_from(CAP_PLACEMENTS))
+    if placement == "realistic":
+        cap = draw(st.sampled_from(REALISTIC_CAPS))
+    elif placement == "roomy":
+        cap = draw(st.integers(m, 4 * m + 8))
+    else:
+        cap = options[placement]
+    return max(cap, m) if fitting_only else cap
+
+
+@st.composite
+def moe_configs(draw, ep_size: int, hidden_sizes: Sequence[int] = (128, 1024, 2048, 4096, 7168),
+                top_ks: Sequence[int] = SUPPORTED_TOP_K, max_experts_per_rank: int = 8,
+                payloads: Sequence[str] = ("bf16", "nvfp4", "mxfp8")):
+    """MoE shapes: supported top_k, num_experts >= max(ep_size, top_k) and not always a
+    multiple of ep_size, every dispatch payload format, uniform or one-hot-rank routing."""
+    payload = draw(st.sampled_from(payloads))
+    multiple = HIDDEN_MULTIPLE[PayloadFormat(payload)]
+    hidden = draw(st.sampled_from([h for h in hidden_sizes if h % multiple == 0]))
+    top_k = draw(st.sampled_from(top_ks))
+    per_rank = draw(st.integers(1, max_experts_per_rank))
+    extra = draw(st.integers(0, ep_size - 1)) if ep_size > 1 else 0
+    num_experts = max(ep_size * per_rank + extra, top_k, ep_size)
+    return MoeConfig(hidden_size=hidden, top_k=top_k,
+                     num_experts=num_experts, payload=payload,
+                     routing=draw(st.sampled_from(ROUTINGS)),
+                     seed=draw(st.integers(0, 2**32 - 1)))
+
+
+@st.composite
+def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
+           max_tokens: int = 16384, fitting_only: bool = False,
+           moe: Optional[Callable[[int], st.SearchStrategy]] = None):
+    """Whole worlds. ``moe(ep_size)`` gives the MoE strategy (default: the default MoE,
+    which the sizing properties do not depend on)."""
+    ep, dp = draw(topologies(max_ep, ep_sizes))
+    attn_tp = ep // dp
+    kind = draw(st.sampled_from(DP_GLOBAL_KINDS))
+    scale = draw(st.sampled_from([m for m in (8, 64, 1024, max_tokens) if m <= max_tokens]))
+    tokens = draw(group_token_counts(dp, attn_tp, scale, shape=None if kind == "recorded" else "equal"))
+    max_len = dp > 1 and draw(st.booleans())
+    padded = [ceil_align(n, attn_tp) for n in tokens]
+    cap = draw(caps(max(padded) // attn_tp, max(padded), fitting_only=fitting_only))
+    moe_cfg = draw(moe(ep)) if moe is not None else MoeConfig()
+    return World(ep_size=ep, dp_size=dp, group_tokens=tokens, max_num_tokens=cap,
+                 dp_global_kind=kind, max_len_padding=max_len, moe=moe_cfg)
+
+
+def a2a_worlds(max_ep: int = 8, max_tokens: int = 48, ep_sizes: Optional[Sequence[int]] = None,
+               hidden_sizes: Sequence[int] = (32, 64, 128), top_ks: Sequence[int] = (1, 2, 4, 6, 8)):
+    """Worlds small enough to run through the emulated (or real) A2A every example: the
+    payload always fits the cap, every MoE shape and payload format occurs."""
+    return worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens, fitting_only=True,
+                  moe=lambda ep: moe_configs(ep, hidden_sizes=hidden_sizes, top_ks=top_ks,
+                                             max_experts_per_rank=4))
+
+
+def regimes(world: World) -> set:
+    """The labels of the regimes a world exercises (for ``event()`` and the coverage test)."""
+    r = {f"dp_global={world.dp_global_kind}", f"ep={world.ep_size}"}
+    r.add("dp_attention" if world.dp_attention else "no_dp_attention")
+    if world.attn_tp_size > 1:
+        r.add("sp_scatter")
+    if world.dp_attention and world.attn_tp_size > 1:
+        r.add("dp_attention_with_attn_tp")
+    if world.max_len_padding:
+        r.add("max_len_padding")
+    if max(world.group_tokens) == 0:
+        r.add("all_zero")
+    elif 0 in world.group_tokens:
+        r.add("some_zero_groups")
+    if world.dp_size > 1 and len(set(world.rows_per_rank)) > 1:
+        r.add("skewed_rows")
+    if any(n % world.attn_tp_size for n in world.group_tokens):
+        r.add("scatter_padding")
+    if world.max_rows == 1:
+        r.add("one_row")
+    if world.max_rows == world.max_num_tokens:
+        r.add("payload_at_cap")
+    elif world.max_rows == world.max_num_tokens + 1:
+        r.add("payload_cap_plus_1")
+    elif world.max_rows > world.max_num_tokens:
+        r.add("payload_over_cap")
+    if world.payload_fits_cap and max(world.padded_group_tokens) > world.max_num_tokens:
+        r.add("pre_scatter_over_cap")
+    if world.moe.num_experts % world.ep_size:
+        r.add("experts_not_divisible")
+    r.add(f"payload={world.moe.payload}")
+    r.add(f"routing={world.moe.routing}")
+    return r

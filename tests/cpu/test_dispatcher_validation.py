@@ -1,0 +1,67 @@
+"""The dispatcher validates on every rank before launching: right error, actionable message."""
+import pytest
+from hypothesis import given
+
+from dispatcher.dispatcher import (CAP_ENV, A2ASizingError, CapExceeded, NonPositiveRuntime,
+                                   PayloadExceedsRuntime, RuntimeDisagreement, plan, validate)
+from dispatcher.sizing import ideal_rule
+from dispatcher.world import World
+from strategies import worlds
+
+
+@given(world=worlds())
+def test_policy_value_passes_validation_when_a_valid_runtime_exists(world, policy):
+    """Whenever every payload fits the cap, the rule's values launch (no sizing error)."""
+    if world.payload_fits_cap:
+        p = plan(policy, world.views)
+        assert world.max_rows <= p.runtime <= world.max_num_tokens
+    else:
+        with pytest.raises(A2ASizingError):
+            plan(policy, world.views)
+
+
+@given(world=worlds())
+def test_no_valid_runtime_raises_cap_exceeded_naming_the_env(world):
+    """With the shipped rule, a payload over the cap is CapExceeded naming the cap env."""
+    if world.payload_fits_cap:
+        assert plan(ideal_rule, world.views).runtime == world.ideal_runtime
+    else:
+        with pytest.raises(CapExceeded, match=CAP_ENV) as info:
+            plan(ideal_rule, world.views)
+        assert f"at least {world.max_rows}" in str(info.value)
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_cap_boundary_exact(over):
+    """At the cap it launches; one row over it raises CapExceeded."""
+    cap = 8
+    world = World(ep_size=4, dp_size=2, group_tokens=(2 * (cap + over), 3), max_num_tokens=cap)
+    assert world.max_rows == cap + over
+    if over:
+        with pytest.raises(CapExceeded, match=CAP_ENV):
+            plan(ideal_rule, world.views)
+    else:
+        assert plan(ideal_rule, world.views).runtime == cap
+
+
+WORLD = World(ep_size=4, dp_size=2, group_tokens=(6, 2), max_num_tokens=8)  # rows [3,3,1,1]
+
+
+@pytest.mark.parametrize("values, error, words", [
+    ([3, 3, 1, 1], RuntimeDisagreement, "disagree"),
+    ([0, 0, 0, 0], NonPositiveRuntime, "max(1"),
+    ([2, 2, 2, 2], PayloadExceedsRuntime, "ranks [0, 1]"),
+    ([9, 9, 9, 9], CapExceeded, "oversized"),
+    ([3.0, 3.0, 3.0, 3.0], A2ASizingError, "must be an int"),
+    ([True] * 4, A2ASizingError, "must be an int"),
+])
+def test_each_bad_value_gets_its_own_error(values, error, words):
+    with pytest.raises(error) as info:
+        validate(values, WORLD.views)
+    assert words in str(info.value)
+
+
+def test_errors_are_value_errors_distinct_types():
+    kinds = {RuntimeDisagreement, NonPositiveRuntime, CapExceeded, PayloadExceedsRuntime}
+    assert all(issubclass(k, A2ASizingError) and issubclass(k, ValueError) for k in kinds)
+    assert len({k.__name__ for k in kinds}) == 4

@@ -1,0 +1,101 @@
+"""The policy's runtime through the exact CPU model of FlashInfer's A2A.
+
+The round trip (dispatch -> stand-in MoE -> combine) runs with the values the rule returns on
+each rank, *without* the dispatcher's validation, so an undersized or rank-variant rule shows
+the damage FlashInfer would do (the monitor names each row that left its slot), not only a
+refused launch.
+"""
+import numpy as np
+import pytest
+from hypothesis import event, given, strategies as st
+
+from dispatcher import properties
+from dispatcher.dispatcher import A2ASizingError, NonPositiveRuntime, CapExceeded
+from dispatcher.emulator import POISON, A2AModel, round_trip
+from dispatcher.inputs import make_inputs
+from dispatcher.workspace import combine_bytes_per_token, dispatch_payloads
+from dispatcher.world import MoeConfig, World
+from strategies import a2a_worlds
+
+
+def kernel_checks(values, world):
+    """The only checks FlashInfer itself makes on the value (C++ > 0, Python <= cap)."""
+    for v in values:
+        if not v >= 1:
+            raise NonPositiveRuntime(f"FlashInfer rejects runtime {v} (values {values})")
+        if v > world.max_num_tokens:
+            raise CapExceeded(f"FlashInfer's assert: runtime {v} > cap {world.max_num_tokens}")
+
+
+def describe_failure(world, values, rt, name):
+    events = "\n  ".join(str(e) for e in rt.events[:5]) or "(none)"
+    return (f"emulated A2A round trip is wrong on ranks {rt.mismatched_ranks()}; recv counts "
+            f"{'ok' if np.array_equal(rt.recv_counts, rt.expected_counts) else 'WRONG'}; "
+            f"received rows {'ok' if rt.received_ok else 'CORRUPTED'}\n"
+            f"rows that left their slot ({len(rt.events)}):\n  {events}\n"
+            + properties.explain(world, values, name))
+
+
+@given(world=a2a_worlds())
+def test_round_trip_is_exact_with_the_policy_runtime(world, policy, policy_spec):
+    values = properties.rule_values(policy, world, policy_spec)
+    kernel_checks(values, world)
+    rt = round_trip(world, values)
+    event(f"ep={world.ep_size} payload={world.moe.payload}")
+    assert rt.exact, describe_failure(world, values, rt, policy_spec)
+
+
+@given(world=a2a_worlds(), short=st.integers(1, 4))
+def test_monitor_names_every_overflow_of_an_undersized_runtime(world, short):
+    """Runtime below the payload: whenever some rank sends more rows to one target than the
+    runtime, the model reports exactly those rows, and never on a correct runtime."""
+    runtime = max(1, world.ideal_runtime - short)
+    inputs = make_inputs(world)
+    rt = round_trip(world, [runtime] * world.ep_size, inputs)
+    worst = int(rt.expected_counts.max()) if rt.expected_counts.size else 0
+    overflowing = int(np.clip(rt.expected_counts - runtime, 0, None).sum())
+    n_payloads = len(dispatch_payloads(world.moe.payload_format, world.moe.hidden_size,
+                                       world.moe.top_k))
+    dispatch_events = [e for e in rt.events if e.phase == "dispatch"]
+    assert len(dispatch_events) == overflowing * n_payloads
+    assert all(e.send_index >= runtime for e in rt.events)
+    if worst > runtime:
+        event("overflow")
+        assert not rt.exact
+
+
+def test_famous_undersize_gives_wrong_results_silently():
+    """DESIGN.md 3: runtime 4 with 9 local rows returns wrong combine output, no error."""
+    world = World(ep_size=2, dp_size=2, group_tokens=(9, 9), max_num_tokens=16,
+                  moe=MoeConfig(hidden_size=64, top_k=8, num_experts=8, routing="hot_rank"))
+    rt = round_trip(world, [4, 4])
+    assert rt.mismatched_ranks() and rt.events and not rt.received_ok
+
+
+def test_rank_disagreement_misplaces_rows():
+    world = World(ep_size=4, dp_size=4, group_tokens=(3, 3, 3, 3), max_num_tokens=8,
+                  moe=MoeConfig(hidden_size=32, top_k=4, num_experts=8))
+    rt = round_trip(world, [3, 3, 4, 4])
+    assert rt.events and not rt.exact
+    assert any(e.sender_runtime != e.receiver_runtime for e in rt.events)
+
+
+@given(world=a2a_worlds())
+def test_stale_rows_past_each_senders_count_hold_poison(world):
+    moe = world.moe
+    specs = dispatch_payloads(moe.payload_format, moe.hidden_size, moe.top_k)
+    model = A2AModel(world.ep_size, world.max_num_tokens, specs,
+                     combine_bytes_per_token(moe.hidden_size), moe.num_experts, moe.top_k)
+    views, counts = model.dispatch([world.ideal_runtime] * world.ep_size, make_inputs(world))
+    for t, planes in enumerate(views):
+        for s in range(world.ep_size):
+            for plane in planes:
+                assert (plane[s, counts[t, s]:] == POISON).all()
+
+
+def test_kernel_checks_match_flashinfer():
+    world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=4)
+    with pytest.raises(A2ASizingError):
+        kernel_checks([0, 0], world)
+    with pytest.raises(A2ASizingError):
+        kernel_checks([5, 5], world)

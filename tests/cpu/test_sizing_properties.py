@@ -1,0 +1,59 @@
+"""The sizing policy under test (``--policy``) on every generated world, at every EP rank.
+
+One test per property, so a failure names what is wrong: soundness (positive, fits,
+rank-invariant, within-cap) is separate from tightness.
+"""
+from hypothesis import event, example, given, target
+
+from dispatcher import properties
+from dispatcher.world import World
+from strategies import regimes, worlds
+
+# Counterexamples that mattered, pinned.
+FAMOUS_SP_BUG = World(ep_size=4, dp_size=1, group_tokens=(9,), max_num_tokens=8)  # pre-fix: 12 > cap
+DP_ATTN_TP = World(ep_size=4, dp_size=2, group_tokens=(5, 2), max_num_tokens=8)  # seed-era: 6 != 3
+ALL_IDLE = World(ep_size=2, dp_size=1, group_tokens=(0,), max_num_tokens=4, dp_global_kind="none")
+EMPTY_LIST = World(ep_size=2, dp_size=1, group_tokens=(3,), max_num_tokens=4, dp_global_kind="empty")
+
+
+def _pinned(test):
+    for w in (FAMOUS_SP_BUG, DP_ATTN_TP, ALL_IDLE, EMPTY_LIST):
+        test = example(world=w)(test)
+    return test
+
+
+def _values(policy, world, name):
+    for label in regimes(world):
+        event(label)
+    target(min(world.max_rows, world.max_num_tokens + 1) / world.max_num_tokens, label="payload/cap")
+    return properties.rule_values(policy, world, name)
+
+
+@_pinned
+@given(world=worlds())
+def test_positive(world, policy, policy_spec):
+    properties.check_positive(world, _values(policy, world, policy_spec), policy_spec)
+
+
+@_pinned
+@given(world=worlds())
+def test_fits_every_rank(world, policy, policy_spec):
+    properties.check_fits(world, _values(policy, world, policy_spec), policy_spec)
+
+
+@_pinned
+@given(world=worlds())
+def test_rank_invariant(world, policy, policy_spec):
+    properties.check_rank_invariant(world, _values(policy, world, policy_spec), policy_spec)
+
+
+@_pinned
+@given(world=worlds())
+def test_within_cap_when_payload_fits(world, policy, policy_spec):
+    properties.check_within_cap(world, _values(policy, world, policy_spec), policy_spec)
+
+
+@_pinned
+@given(world=worlds())
+def test_tight(world, policy, policy_spec):
+    properties.check_tight(world, _values(policy, world, policy_spec), policy_spec)

@@ -1,0 +1,70 @@
+"""The strategies are tested too: every regime of DESIGN.md section 1 is actually generated,
+worlds are frozen, picklable and replayable from their repr, and failures shrink small."""
+import dataclasses
+import pickle
+
+import pytest
+from hypothesis import HealthCheck, find, given, settings
+
+from dispatcher.world import MoeConfig, World
+from strategies import a2a_worlds, moe_configs, regimes, worlds
+
+FIND = settings(max_examples=3000, database=None, derandomize=True,
+                suppress_health_check=list(HealthCheck))
+
+REGIMES = ["dp_global=recorded", "dp_global=none", "dp_global=empty", "dp_attention",
+           "no_dp_attention", "sp_scatter", "dp_attention_with_attn_tp", "max_len_padding",
+           "all_zero", "some_zero_groups", "skewed_rows", "scatter_padding", "one_row",
+           "payload_at_cap", "payload_cap_plus_1", "payload_over_cap", "pre_scatter_over_cap",
+           "ep=1", "ep=64"]
+MOE_REGIMES = ["experts_not_divisible", "payload=bf16", "payload=nvfp4", "payload=mxfp8",
+               "routing=uniform", "routing=hot_rank"]
+
+
+@pytest.mark.parametrize("label", REGIMES)
+def test_worlds_reach(label):
+    find(worlds(), lambda w: label in regimes(w), settings=FIND)
+
+
+@pytest.mark.parametrize("label", MOE_REGIMES)
+def test_a2a_worlds_reach(label):
+    find(a2a_worlds(), lambda w: label in regimes(w), settings=FIND)
+
+
+def test_odd_ep_sizes_and_large_dp_reached():
+    find(worlds(), lambda w: w.ep_size % 2 == 1 and w.ep_size > 1, settings=FIND)
+    find(worlds(), lambda w: w.dp_size >= 16, settings=FIND)
+    find(worlds(), lambda w: w.max_rows >= 4096, settings=FIND)
+
+
+def test_shrinks_to_a_small_simple_world():
+    """The smallest SP world where the pre-scatter count overflows a cap the payload fits."""
+    w = find(worlds(), lambda w: "pre_scatter_over_cap" in regimes(w), settings=FIND)
+    assert (w.ep_size, w.dp_size, w.group_tokens, w.max_num_tokens) == (2, 1, (1,), 1)
+    assert w.moe == MoeConfig() and not w.max_len_padding
+
+
+@settings(max_examples=50)
+@given(world=worlds(moe=moe_configs))
+def test_worlds_are_frozen_picklable_and_replayable(world):
+    assert pickle.loads(pickle.dumps(world)) == world
+    assert eval(repr(world), {"World": World, "MoeConfig": MoeConfig}) == world
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        world.ep_size = 3  # type: ignore[misc]
+    assert sum(world.rows_per_rank) * 1 >= 0 and len(world.views) == world.ep_size
+
+
+@settings(max_examples=200)
+@given(world=worlds())
+def test_worlds_follow_the_scheduler_model(world):
+    """Each DP group's rows are its padded count split evenly over attn_tp; dp_global holds
+    the padded counts; unrecorded dp_global only when all groups run the same batch."""
+    tp = world.attn_tp_size
+    for r, rows in enumerate(world.rows_per_rank):
+        assert rows * tp == world.padded_group_tokens[r // tp]
+        assert rows == -(-world.padded_group_tokens[r // tp] // tp)
+    if world.dp_global is not None and len(world.dp_global):
+        assert len(world.dp_global) == world.dp_size
+        assert all(d % tp == 0 for d in world.dp_global)
+    else:
+        assert len(set(world.rows_per_rank)) == 1
