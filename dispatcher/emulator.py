@@ -107,12 +107,21 @@ class A2AModel:
         self.size_per_rank = workspace_size_per_rank(
             ep_size, max_num_tokens, sum(p.bytes_per_token for p in payloads), combine_bytes)
         self.aux = aux_offsets(ep_size, max_num_tokens)
-        # moe_a2a_initialize zeroes each rank; we poison the planes so stale rows show.
-        self.workspace = np.full((ep_size, self.size_per_rank), POISON, dtype=np.uint8)
-        self.workspace[:, :self.aux.payload_data] = 0
+        # moe_a2a_initialize zeroes each rank; we poison the planes so stale rows show. Bytes
+        # are materialised lazily up to the furthest one touched (caps reach 16384 rows).
+        self.workspace = np.zeros((ep_size, self.aux.payload_data), dtype=np.uint8)
         self.monitor = Monitor()
         self._sends: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._layouts: List[Layout] = []
+
+    def _ensure(self, end: int) -> None:
+        """Materialise every rank's workspace up to byte ``end`` (poisoned, never written)."""
+        have = self.workspace.shape[1]
+        if end > have:
+            end = min(self.size_per_rank, max(end, 2 * have))
+            grown = np.full((self.ep_size, end), POISON, dtype=np.uint8)
+            grown[:, :have] = self.workspace
+            self.workspace = grown
 
     def _layout(self, runtime: int) -> Layout:
         lay = layout(self.ep_size, self.max_num_tokens, runtime, self.payloads, self.combine_bytes)
@@ -138,8 +147,8 @@ class A2AModel:
         (``[W, R_rank, bytes]`` views per payload) and the recv-count matrix [target, source]."""
         W = self.ep_size
         self._layouts = [self._layout(r) for r in runtimes]
+        self._ensure(max(lay.bytes_needed for lay in self._layouts))
         recv_counts = np.zeros((W, W), dtype=np.int64)
-        flat = self.workspace.reshape(-1)
         self._sends = []
         for s, inp in enumerate(inputs):
             tok, tgt, idx = self._routes(inp.expert_ids)
@@ -151,8 +160,10 @@ class A2AModel:
                 dst = lay_s.recv_offsets[q] + (s * R_s + idx) * b
                 self._audit("dispatch", s, tok, tgt, idx, dst, q, runtimes,
                             lambda lay: lay.recv_offsets[q], b)
-                cols = (tgt * self.size_per_rank + dst)[:, None] + np.arange(b)
-                flat[cols] = inp.payload_rows[q][tok]
+                if len(dst):
+                    self._ensure(int(dst.max()) + b)
+                cols = dst[:, None] + np.arange(b)
+                self.workspace[tgt[:, None], cols] = inp.payload_rows[q][tok]
         for t in range(W):  # send_counters -> recv_counters[target][source]
             off = self.aux.recv_counters
             self.workspace[t, off:off + W * INT32] = recv_counts[t].astype(np.int32).view(np.uint8)
@@ -196,7 +207,6 @@ class A2AModel:
             lay = self._layouts[t]
             out = np.ascontiguousarray(expert_outputs[t]).view(np.uint8).reshape(-1)
             self.workspace[t, lay.combine_offset:lay.combine_offset + out.size] = out
-        flat = self.workspace.reshape(-1)
         results = []
         for s in range(W):
             tok, tgt, idx = self._sends[s]
@@ -204,7 +214,9 @@ class A2AModel:
             src = lay_s.combine_offset + (s * runtimes[s] + idx) * c
             self._audit("combine", s, tok, tgt, idx, src, None, runtimes,
                         lambda lay: lay.combine_offset, c)
-            rows = flat[(tgt * self.size_per_rank + src)[:, None] + np.arange(c)]
+            if len(src):
+                self._ensure(int(src.max()) + c)
+            rows = self.workspace[tgt[:, None], src[:, None] + np.arange(c)]
             vals = from_bf16_bits(np.ascontiguousarray(rows).view(np.uint16))
             acc = np.zeros((local_num_tokens[s], c // 2), dtype=np.float32)
             np.add.at(acc, tok, vals)
@@ -271,7 +283,6 @@ def round_trip(world: World, runtimes: Sequence[int],
 
 def _received_rows_ok(model: A2AModel, views, inputs) -> bool:
     """Every (source, send index) row a receiver holds is the row its sender sent."""
-    flat = model.workspace.reshape(-1)
     R = np.array([lay.runtime for lay in model._layouts], dtype=np.int64)
     for s, (tok, tgt, idx) in enumerate(model._sends):
         if (idx >= R[tgt]).any():
@@ -279,7 +290,8 @@ def _received_rows_ok(model: A2AModel, views, inputs) -> bool:
         for q, spec in enumerate(model.payloads):
             b = spec.bytes_per_token
             starts = np.array([lay.recv_offsets[q] for lay in model._layouts], dtype=np.int64)
-            at = tgt * model.size_per_rank + starts[tgt] + (s * R[tgt] + idx) * b
-            if not np.array_equal(flat[at[:, None] + np.arange(b)], inputs[s].payload_rows[q][tok]):
+            at = starts[tgt] + (s * R[tgt] + idx) * b
+            got = model.workspace[tgt[:, None], at[:, None] + np.arange(b)]
+            if not np.array_equal(got, inputs[s].payload_rows[q][tok]):
                 return False
     return True

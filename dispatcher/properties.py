@@ -6,6 +6,7 @@ rule's values, the ideal value and a command that replays it.
 """
 from __future__ import annotations
 
+import shlex
 from typing import Callable, Dict, Sequence
 
 from .sizing import Policy
@@ -41,7 +42,7 @@ def explain(world: World, values: Sequence[int], policy_name: str = "the rule") 
     shown = vals if len(vals) <= 16 else f"{vals[:8]} ... {vals[-4:]}"
     return (f"world:\n{world.describe()}\n"
             f"  {policy_name} returned per EP rank: {shown}   ideal: {world.ideal_runtime}\n"
-            f"replay: python -m dispatcher --policy {policy_name} \"{world!r}\"")
+            f"replay: python -m dispatcher --policy {shlex.quote(policy_name)} \"{world!r}\"")
 
 
 def _fail(name: str, what: str, world: World, values, policy_name: str):

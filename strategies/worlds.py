@@ -63,7 +63,10 @@ def group_token_counts(draw, dp_size: int, attn_tp: int, max_tokens: int, shape:
         big = draw(one)
         rest = draw(st.lists(st.integers(0, 2), min_size=dp_size, max_size=dp_size))
         return tuple(big if g == hot else rest[g] for g in range(dp_size))
-    counts = draw(st.lists(one, min_size=dp_size, max_size=dp_size))
+    # one structured draw per group (cheap: dp_size reaches 64); boundaries come from ``one``
+    first = draw(one)
+    rest = draw(st.lists(st.integers(0, max_tokens), min_size=dp_size - 1, max_size=dp_size - 1))
+    counts = [first] + rest
     if shape == "with_zeros":
         zero = draw(st.lists(st.booleans(), min_size=dp_size, max_size=dp_size))
         counts = [0 if z else c for c, z in zip(counts, zero)]

@@ -1,9 +1,11 @@
 """The sizing policy under test (``--policy``) on every generated world, at every EP rank.
 
 One test per property, so a failure names what is wrong: soundness (positive, fits,
-rank-invariant, within-cap) is separate from tightness.
+rank-invariant, within-cap) is separate from tightness. The cap is placed at, above and below
+the payload and the pre-scatter count by the strategy itself; ``target()`` hill-climbing on
+payload/cap was tried and cost 47 s on one test for nothing the placements miss.
 """
-from hypothesis import event, example, given, target
+from hypothesis import event, example, given
 
 from dispatcher import properties
 from dispatcher.world import World
@@ -25,7 +27,6 @@ def _pinned(test):
 def _values(policy, world, name):
     for label in regimes(world):
         event(label)
-    target(min(world.max_rows, world.max_num_tokens + 1) / world.max_num_tokens, label="payload/cap")
     return properties.rule_values(policy, world, name)
 
 
