@@ -1,3 +1,3 @@
 """Hypothesis strategies that build whole serving worlds the way SGLang's scheduler does."""
-from .worlds import (a2a_worlds, caps, group_token_counts, moe_configs, regimes,  # noqa: F401
-                     topologies, worlds)
+from .worlds import (a2a_worlds, caps, gpu_worlds, group_token_counts, moe_configs,  # noqa: F401
+                     regimes, topologies, worlds)

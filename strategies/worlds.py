@@ -18,7 +18,7 @@ from dispatcher.workspace import HIDDEN_MULTIPLE, SUPPORTED_TOP_K, PayloadFormat
 from dispatcher.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
 
 __all__ = ["topologies", "group_token_counts", "caps", "moe_configs", "worlds", "a2a_worlds",
-           "regimes", "SHAPES", "CAP_PLACEMENTS"]
+           "gpu_worlds", "regimes", "SHAPES", "CAP_PLACEMENTS"]
 
 POW2 = (1, 2, 4, 8, 16, 32, 64)
 SHAPES = ("equal", "independent", "one_hot", "with_zeros", "all_zero")
@@ -118,9 +118,11 @@ def moe_configs(draw, ep_size: int, hidden_sizes: Sequence[int] = (128, 1024, 20
 @st.composite
 def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
            max_tokens: int = 16384, fitting_only: bool = False,
-           moe: Optional[Callable[[int], st.SearchStrategy]] = None):
+           moe: Optional[Callable[[int], st.SearchStrategy]] = None,
+           cap_values: Optional[Sequence[int]] = None):
     """Whole worlds. ``moe(ep_size)`` gives the MoE strategy (default: the default MoE,
-    which the sizing properties do not depend on)."""
+    which the sizing properties do not depend on). ``cap_values`` restricts the cap to a few
+    values at least the payload (the multi-GPU tier reuses one workspace per cap)."""
     ep, dp = draw(topologies(max_ep, ep_sizes))
     attn_tp = ep // dp
     kind = draw(st.sampled_from(DP_GLOBAL_KINDS))
@@ -128,19 +130,37 @@ def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
     tokens = draw(group_token_counts(dp, attn_tp, scale, shape=None if kind == "recorded" else "equal"))
     max_len = dp > 1 and draw(st.booleans())
     padded = [ceil_align(n, attn_tp) for n in tokens]
-    cap = draw(caps(max(padded) // attn_tp, max(padded), fitting_only=fitting_only))
+    rows = max(padded) // attn_tp
+    if cap_values:
+        fits = [c for c in sorted(cap_values) if c >= max(1, rows)]
+        if not fits:
+            raise ValueError(f"cap_values {cap_values} cannot hold {rows} rows: lower max_tokens")
+        cap = draw(st.sampled_from(fits))
+    else:
+        cap = draw(caps(rows, max(padded), fitting_only=fitting_only))
     moe_cfg = draw(moe(ep)) if moe is not None else MoeConfig()
     return World(ep_size=ep, dp_size=dp, group_tokens=tokens, max_num_tokens=cap,
                  dp_global_kind=kind, max_len_padding=max_len, moe=moe_cfg)
 
 
 def a2a_worlds(max_ep: int = 8, max_tokens: int = 48, ep_sizes: Optional[Sequence[int]] = None,
-               hidden_sizes: Sequence[int] = (32, 64, 128), top_ks: Sequence[int] = (1, 2, 4, 6, 8)):
+               hidden_sizes: Sequence[int] = (32, 64, 128), top_ks: Sequence[int] = (1, 2, 4, 6, 8),
+               cap_values: Optional[Sequence[int]] = None):
     """Worlds small enough to run through the emulated (or real) A2A every example: the
     payload always fits the cap, every MoE shape and payload format occurs."""
     return worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens, fitting_only=True,
                   moe=lambda ep: moe_configs(ep, hidden_sizes=hidden_sizes, top_ks=top_ks,
-                                             max_experts_per_rank=4))
+                                             max_experts_per_rank=4),
+                  cap_values=cap_values)
+
+
+def gpu_worlds(max_ep: int = 8, ep_sizes: Optional[Sequence[int]] = None, max_blocks: int = 128,
+               cap_values: Optional[Sequence[int]] = None):
+    """Worlds for the real kernels: every rank's dispatch CTAs (one per row) must be resident
+    at once on one GPU, so rows * ep_size stays <= ``max_blocks`` (H200: 132 SMs)."""
+    biggest = max(ep_sizes) if ep_sizes else max_ep
+    return a2a_worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max(1, max_blocks // biggest),
+                      hidden_sizes=(64, 128, 256), top_ks=(1, 2, 4, 8), cap_values=cap_values)
 
 
 def regimes(world: World) -> set:

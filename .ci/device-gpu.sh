@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU run behind the README's GPU figures, for a GPU host with no package index (the
+# device tool's nvidia-h200 / -x2 machines: Python 3.12, torch, pytest, hypothesis there).
+#   .gpu/site.tgz                  ../shared/gpu-host/pack.sh output (FlashInfer 0.7.2.post1)
+#   .gpu/mnnvl_moe_alltoall.so     optional prebuilt module (installed as FlashInfer's AOT .so;
+#                                  if it fails to load, FlashInfer JIT-builds it, ~165 s)
+#   STEPS="tiers bad speed ttft"   which parts to run; results land in $OUT/results.tgz
+set -uo pipefail
+OUT=${OUT:-$PWD/out/gpu}; R=$OUT/r; mkdir -p "$R"
+STEPS=${STEPS:-tiers bad speed ttft}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=gpu
+site=/tmp/site; aot=$site/flashinfer/data/aot/mnnvl_moe_alltoall
+mkdir -p $site && tar -C $site -xzf .gpu/site.tgz
+[ -f .gpu/mnnvl_moe_alltoall.so ] && mkdir -p $aot && cp .gpu/mnnvl_moe_alltoall.so $aot/
+export PYTHONPATH=$site:$PWD
+nvidia-smi -L | tee $R/env.log
+python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'gpus', torch.cuda.device_count())" | tee -a $R/env.log
+load='import time; t=time.time(); from dispatcher.flashinfer_a2a import module; module(); print("a2a module ready in %.1f s" % (time.time()-t))'
+if ! python3 -c "$load" 2>&1 | tee -a $R/env.log; then
+  echo "prebuilt module did not load; JIT build" | tee -a $R/env.log
+  rm -rf $aot; python3 -c "$load" 2>&1 | tee -a $R/env.log
+  cp ~/.cache/flashinfer/*/*/cached_ops/mnnvl_moe_alltoall/mnnvl_moe_alltoall.so $OUT/ 2>/dev/null
+fi
+step() { local name=$1 limit=$2; shift 2; echo "=== $name ($*)"; local t=$SECONDS
+  timeout "$limit" "$@" > $R/$name.log 2>&1; local rc=$?
+  echo "rc=$rc wall=$((SECONDS - t))s" | tee -a $R/$name.log; tail -n 25 $R/$name.log; }
+py="python3 -m pytest -p no:cacheprovider -n 0 -q -rs --require-gpus -m"
+for s in $STEPS; do case $s in
+  tiers) step tiers 330 $py "gpu or multi_gpu" tests/gpu tests/multi_gpu --junitxml=$R/junit-gpu.xml --durations=10 --timeout=200 ;;
+  bad) for pol in prefix_rule dispatcher.mutants:undersized; do
+         step "bad-${pol##*:}" 100 $py "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip" --policy=$pol --timeout=80
+       done ;;
+  speed) step speed 200 python3 benchmarks/gpu_speed.py --pool-sizes 2 4 --out $R/gpu_speed.json ;;
+  ttft) step ttft 300 python3 benchmarks/ttft.py --out $R/ttft ;;
+esac; done
+tar -C $R -czf $OUT/results.tgz . && ls -la $OUT

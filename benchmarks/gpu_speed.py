@@ -1,0 +1,95 @@
+"""GPU-tier speed on the machine it runs on: worlds/s through the real kernels on one GPU
+(every rank in one process) and examples/s of the multi-process rank pool.
+
+    python benchmarks/gpu_speed.py --out gpu_speed.json [--pool-sizes 2 4]
+
+Worlds are drawn by the tiers' own strategies (Hypothesis, derandomized) and each is run with
+every check the tests make; generation is included in the "with_generation" figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+
+from dispatcher.dispatcher import plan  # noqa: E402
+from dispatcher.sizing import ideal_rule  # noqa: E402
+from strategies import gpu_worlds  # noqa: E402
+
+
+def draw(strategy, n):
+    out = []
+
+    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(w):
+        out.append(w)
+    collect()
+    return out
+
+
+def timed(fn, items):
+    t = time.perf_counter()
+    for it in items:
+        fn(it)
+    return len(items) / (time.perf_counter() - t)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--examples", type=int, default=400)
+    ap.add_argument("--pool-sizes", type=int, nargs="*", default=[2])
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch
+
+    from dispatcher.gpu_single import SingleGpuA2A
+
+    figures = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
+    gpu = SingleGpuA2A()
+    worlds = draw(gpu_worlds(), a.examples)
+
+    def one(world):
+        rt = gpu.run(world, [plan(ideal_rule, world.views).runtime] * world.ep_size)
+        assert not rt.problems(), rt.problems()
+    for w in worlds[:20]:  # warm-up: JIT load, workspaces, streams
+        one(w)
+    figures["single_gpu_worlds_per_s"] = round(timed(one, worlds), 1)
+    figures["single_gpu_worlds_per_s_with_generation"] = round(
+        a.examples / _gen_and_run(one, a.examples), 1)
+    from dispatcher.rank_pool import RankPool
+
+    for ep in a.pool_sizes:
+        pool = RankPool(ep, torch.cuda.device_count())
+        ws = draw(gpu_worlds(ep_sizes=[ep], max_blocks=8 * 64, cap_values=(64, 128)), a.examples)
+        for w in ws[:10]:
+            pool.run(w, "dispatcher.sizing:ideal_rule")
+        figures[f"pool_ep{ep}_{pool.backend}_examples_per_s"] = round(
+            timed(lambda w: pool.run(w, "dispatcher.sizing:ideal_rule"), ws), 1)
+        pool.close()
+    print(json.dumps(figures, indent=2))
+    if a.out:
+        Path(a.out).write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def _gen_and_run(one, n):
+    t = time.perf_counter()
+
+    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(gpu_worlds())
+    def run(w):
+        one(w)
+    run()
+    return time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    main()

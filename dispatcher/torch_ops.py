@@ -1,0 +1,66 @@
+"""The stand-in MoE and payload decoding in torch, for the GPU tiers (same maths as
+``dispatcher.inputs``, batched over ranks). Imported only where torch is."""
+from __future__ import annotations
+
+import torch
+
+from .workspace import PayloadFormat
+
+__all__ = ["decode_hidden", "owners_of", "stand_in_moe", "to_torch_rows", "typed"]
+
+
+def decode_hidden(planes, fmt: PayloadFormat, hidden_size: int) -> torch.Tensor:
+    """[..., bytes] uint8 hidden planes -> [..., H] float32 (the stand-in quantization)."""
+    p = planes[0]
+    if fmt is PayloadFormat.BF16:
+        return p.contiguous().view(torch.bfloat16).float()
+    if fmt is PayloadFormat.MXFP8:
+        return p.contiguous().view(torch.int8).float()
+    b = p.to(torch.int16)
+    lo = ((b & 0xF) ^ 8) - 8
+    hi = ((b >> 4) ^ 8) - 8
+    return torch.stack([lo, hi], dim=-1).flatten(-2).float()
+
+
+def owners_of(expert_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
+    base, rem = divmod(num_experts, ep_size)
+    split = rem * (base + 1)
+    e = expert_ids.long()
+    own = torch.where(e < split, e // (base + 1), rem + (e - split) // max(base, 1))
+    return torch.where((e >= 0) & (e < num_experts), own, torch.full_like(own, -1))
+
+
+def stand_in_moe(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
+                 ep_ranks: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
+    """``x`` [T, M, H], ids/weights [T, M, K], ``ep_ranks`` [T]: each target rank's bf16 output
+    ``x * sum_k w_k (1 + e_k % 3)`` over the k it owns (stale rows go through too)."""
+    mine = owners_of(expert_ids, num_experts, ep_size) == ep_ranks.view(-1, 1, 1)
+    scale = 1.0 + (expert_ids.long() % 3).float()
+    s = torch.where(mine, weights * scale, torch.zeros_like(weights)).sum(-1, keepdim=True)
+    return (x * s).to(torch.bfloat16)
+
+
+DTYPES = {"hidden_states": torch.bfloat16, "topk_ids": torch.int32, "topk_weights": torch.float32}
+
+
+def typed(rows: torch.Tensor, name: str) -> torch.Tensor:
+    """uint8 byte rows -> the dtype FlashInfer is handed for payload ``name`` (bf16 hidden
+    states, int32 ids, fp32 weights; quantized hidden states and scales stay uint8)."""
+    return rows.view(DTYPES.get(name, torch.uint8))
+
+
+def to_torch_rows(arrays, device) -> list:
+    """numpy [n, ...] arrays of any dtype -> their bytes as uint8 [n, row_bytes] tensors on
+    ``device``, moved in one copy (pinned when the device is a GPU)."""
+    import numpy as np
+
+    rows = [np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], -1) for a in arrays]
+    flat = np.concatenate([r.reshape(-1) for r in rows]) if rows else np.zeros(0, np.uint8)
+    host = torch.from_numpy(flat)
+    dev = host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" \
+        else host.to(device)
+    out, at = [], 0
+    for r in rows:
+        out.append(dev[at:at + r.size].view(r.shape))
+        at += r.size
+    return out
