@@ -153,7 +153,7 @@ def _worker(rank: int, ep_size: int, port: int, n_gpus: int, inbox, outbox):
                 e = planes[nh].contiguous().view(torch.int32)
                 w = planes[nh + 1].contiguous().view(torch.float32)
                 expected = expected_recv_counts(world, inputs)
-                rc = index["RECV_COUNTERS_OFFSET_INDEX"]
+                rc = int(a2a.metainfo[index["RECV_COUNTERS_OFFSET_INDEX"]])
                 counts = own[rc:rc + 4 * ep_size].contiguous().view(torch.int32).cpu().numpy()
                 problems = []
                 if not np.array_equal(counts, expected[rank]):
