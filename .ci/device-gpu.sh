@@ -4,10 +4,10 @@
 #   .gpu/site.tgz                  ../shared/gpu-host/pack.sh output (FlashInfer 0.7.2.post1)
 #   .gpu/mnnvl_moe_alltoall.so     optional prebuilt module (installed as FlashInfer's AOT .so;
 #                                  if it fails to load, FlashInfer JIT-builds it, ~165 s)
-#   STEPS="tiers bad speed ttft"   which parts to run; results land in $OUT/results.tgz
+#   STEPS="gpu multi2 multi4 bad speed ttft"   which parts to run; results in $OUT/results.tgz
 set -uo pipefail
 OUT=${OUT:-$PWD/out/gpu}; R=$OUT/r; mkdir -p "$R"
-STEPS=${STEPS:-tiers bad speed ttft}
+STEPS=${STEPS:-gpu multi2 multi4 bad speed ttft}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=gpu
 site=/tmp/site; aot=$site/flashinfer/data/aot/mnnvl_moe_alltoall
@@ -27,11 +27,13 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name ($*)"; local t=$SECOND
   echo "rc=$rc wall=$((SECONDS - t))s" | tee -a $R/$name.log; tail -n 25 $R/$name.log; }
 py="python3 -m pytest -p no:cacheprovider -n 0 -q -rs --require-gpus -m"
 for s in $STEPS; do case $s in
-  tiers) step tiers 330 $py "gpu or multi_gpu" tests/gpu tests/multi_gpu --junitxml=$R/junit-gpu.xml --durations=10 --timeout=200 ;;
+  gpu) step gpu 120 $py gpu tests/gpu --junitxml=$R/junit-gpu.xml --timeout=100 ;;
+  multi2) step multi2 100 $py multi_gpu tests/multi_gpu -s -k "not pool_round_trip or pool_round_trip and 2" --junitxml=$R/junit-multi2.xml --timeout=90 ;;
+  multi4) step multi4 75 $py multi_gpu tests/multi_gpu -s -k "pool_round_trip and 4" --junitxml=$R/junit-multi4.xml --timeout=70 ;;
   bad) for pol in prefix_rule dispatcher.mutants:undersized; do
-         step "bad-${pol##*:}" 100 $py "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip" --policy=$pol --timeout=80
+         step "bad-${pol##*:}" 45 $py "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip and 2" --policy=$pol --timeout=40
        done ;;
-  speed) step speed 200 python3 benchmarks/gpu_speed.py --pool-sizes 2 4 --out $R/gpu_speed.json ;;
+  speed) step speed 70 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes ${POOLS:-2} --out $R/gpu_speed.json ;;
   ttft) step ttft 300 python3 benchmarks/ttft.py --out $R/ttft ;;
 esac; done
 tar -C $R -czf $OUT/results.tgz . && ls -la $OUT

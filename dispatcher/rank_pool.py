@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -213,8 +214,11 @@ class RankPool:
                        for r in range(self.ep_size)]
         for p in self._procs:
             p.start()
+        t = time.monotonic()
         ready = self._collect(self.start_timeout, "start")
         self.backend = ready[0]
+        print(f"[rank pool] {self.ep_size} ranks on {self.n_gpus} GPU(s), {self.backend}, "
+              f"ready in {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
 
     def _collect(self, timeout: float, what: str) -> list:
         got: Dict[int, tuple] = {}

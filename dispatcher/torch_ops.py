@@ -54,7 +54,8 @@ def to_torch_rows(arrays, device) -> list:
     ``device``, moved in one copy (pinned when the device is a GPU)."""
     import numpy as np
 
-    rows = [np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], -1) for a in arrays]
+    rows = [np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], a.itemsize * int(np.prod(a.shape[1:])))
+            for a in arrays]
     flat = np.concatenate([r.reshape(-1) for r in rows]) if rows else np.zeros(0, np.uint8)
     host = torch.from_numpy(flat)
     dev = host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" \
