@@ -62,6 +62,7 @@ def main():
     for w in worlds[:20]:  # warm-up: JIT load, workspaces, streams
         one(w)
     figures["single_gpu_worlds_per_s"] = round(timed(one, worlds), 1)
+    print(figures, flush=True)
     figures["single_gpu_worlds_per_s_with_generation"] = round(
         a.examples / _gen_and_run(one, a.examples), 1)
     from dispatcher.rank_pool import RankPool
@@ -73,6 +74,7 @@ def main():
             pool.run(w, "dispatcher.sizing:ideal_rule")
         figures[f"pool_ep{ep}_{pool.backend}_examples_per_s"] = round(
             timed(lambda w: pool.run(w, "dispatcher.sizing:ideal_rule"), ws), 1)
+        print(figures, flush=True)
         pool.close()
     print(json.dumps(figures, indent=2))
     if a.out:

@@ -159,7 +159,10 @@ def gpu_worlds(max_ep: int = 8, ep_sizes: Optional[Sequence[int]] = None, max_bl
     """Worlds for the real kernels: every rank's dispatch CTAs (one per row) must be resident
     at once on one GPU, so rows * ep_size stays <= ``max_blocks`` (H200: 132 SMs)."""
     biggest = max(ep_sizes) if ep_sizes else max_ep
-    return a2a_worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max(1, max_blocks // biggest),
+    max_tokens = max(1, max_blocks // biggest)
+    if cap_values:  # a group's rows never exceed its token count: keep them within the caps
+        max_tokens = min(max_tokens, max(cap_values))
+    return a2a_worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens,
                       hidden_sizes=(64, 128, 256), top_ks=(1, 2, 4, 8), cap_values=cap_values)
 
 
