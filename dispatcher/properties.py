@@ -32,7 +32,7 @@ def rule_values(policy: Policy, world: World, policy_name: str = "the rule") -> 
             values.append(policy(view))
         except Exception as exc:
             raise RuleCrashed(
-                f"[no crash] {policy_name} raised {type(exc).__name__}: {exc} on EP rank "
+                f"[rule crashed] {policy_name} raised {type(exc).__name__}: {exc} on EP rank "
                 f"{view.ep_rank}\n{explain(world, values + ['<raised>'], policy_name)}") from exc
     return values
 
