@@ -9,10 +9,11 @@ from __future__ import annotations
 import shlex
 from typing import Callable, Dict, Sequence
 
-from .sizing import Policy
+from .dispatcher import A2ASizingError
+from .sizing import NotApplicable, Policy
 from .world import World
 
-__all__ = ["PropertyViolation", "RuleCrashed", "rule_values", "explain", "check_positive", "check_fits",
+__all__ = ["PropertyViolation", "RuleCrashed", "rule_values", "values_or_reject", "explain", "check_positive", "check_fits",
            "check_rank_invariant", "check_within_cap", "check_tight", "PROPERTIES", "check_all"]
 
 
@@ -24,17 +25,43 @@ class RuleCrashed(PropertyViolation):
     """The rule raised instead of returning a value (a crash in production)."""
 
 
+class RefusedCorrectly(NotApplicable):
+    """The policy refused to size a world where no valid runtime exists (payload over the
+    cap): its clear error is the right answer, so there is no value to check."""
+
+
 def rule_values(policy: Policy, world: World, policy_name: str = "the rule") -> list:
     """The policy's value on every EP rank; a rule that raises is reported with the world."""
     values = []
     for view in world.views:
         try:
             values.append(policy(view))
+        except NotApplicable:
+            raise
+        except A2ASizingError as exc:
+            if not world.payload_fits_cap:
+                raise RefusedCorrectly(f"{type(exc).__name__}: {exc}") from exc
+            raise RuleCrashed(
+                f"[rule crashed] {policy_name} refused a world where runtime "
+                f"{world.ideal_runtime} is valid: {type(exc).__name__}: {exc}\n"
+                f"{explain(world, values + ['<refused>'], policy_name)}") from exc
         except Exception as exc:
             raise RuleCrashed(
                 f"[rule crashed] {policy_name} raised {type(exc).__name__}: {exc} on EP rank "
                 f"{view.ep_rank}\n{explain(world, values + ['<raised>'], policy_name)}") from exc
     return values
+
+
+def values_or_reject(policy: Policy, world: World, policy_name: str = "the rule") -> list:
+    """``rule_values`` inside a Hypothesis test: a world the policy declares impossible for
+    its system is rejected (and shown in ``--hypothesis-show-statistics``), not checked."""
+    from hypothesis import event, reject
+
+    try:
+        return rule_values(policy, world, policy_name)
+    except NotApplicable as exc:
+        event(f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}")
+        reject()
 
 
 def explain(world: World, values: Sequence[int], policy_name: str = "the rule") -> str:

@@ -15,6 +15,7 @@ from typing import Callable, Optional, Tuple
 __all__ = [
     "RankView",
     "Policy",
+    "NotApplicable",
     "ceil_div",
     "ceil_align",
     "ideal_rule",
@@ -53,6 +54,12 @@ class RankView:
 
 
 Policy = Callable[[RankView], int]
+
+
+class NotApplicable(Exception):
+    """Raised by a policy for a world its system can never produce (e.g. SGLang runs no
+    forward when every DP group is idle). The suite rejects such worlds and counts them in
+    the Hypothesis statistics; a policy that rejects everything fails as Unsatisfiable."""
 
 
 def ideal_rule(view: RankView) -> int:

@@ -4,20 +4,22 @@ from hypothesis import given
 
 from dispatcher.dispatcher import (CAP_ENV, A2ASizingError, CapExceeded, NonPositiveRuntime,
                                    PayloadExceedsRuntime, RuntimeDisagreement, plan, validate)
+from dispatcher import properties
 from dispatcher.sizing import ideal_rule
 from dispatcher.world import World
 from strategies import worlds
 
 
 @given(world=worlds())
-def test_policy_value_passes_validation_when_a_valid_runtime_exists(world, policy):
+def test_policy_value_passes_validation_when_a_valid_runtime_exists(world, policy, policy_spec):
     """Whenever every payload fits the cap, the rule's values launch (no sizing error)."""
+    values = properties.values_or_reject(policy, world, policy_spec)
     if world.payload_fits_cap:
-        p = plan(policy, world.views)
+        p = validate(values, world.views)
         assert world.max_rows <= p.runtime <= world.max_num_tokens
     else:
         with pytest.raises(A2ASizingError):
-            plan(policy, world.views)
+            validate(values, world.views)
 
 
 @given(world=worlds())

@@ -38,7 +38,7 @@ def describe_failure(world, values, rt, name):
 
 @given(world=a2a_worlds())
 def test_round_trip_is_exact_with_the_policy_runtime(world, policy, policy_spec):
-    values = properties.rule_values(policy, world, policy_spec)
+    values = properties.values_or_reject(policy, world, policy_spec)
     kernel_checks(values, world)
     rt = round_trip(world, values)
     event(f"ep={world.ep_size} payload={world.moe.payload}")

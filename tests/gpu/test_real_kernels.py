@@ -13,7 +13,7 @@ import pytest
 from hypothesis import event, example, given
 
 from dispatcher import properties
-from dispatcher.dispatcher import plan
+from dispatcher.dispatcher import validate
 from dispatcher.world import MoeConfig, World
 from strategies import gpu_worlds, moe_configs, worlds
 
@@ -36,9 +36,9 @@ def _report(world, values, rt, name):
 @example(world=World(ep_size=8, dp_size=1, group_tokens=(0,), max_num_tokens=1))
 @given(world=gpu_worlds())
 def test_real_round_trip(world, policy, policy_spec, single_gpu):
-    values = properties.rule_values(policy, world, policy_spec)
+    values = properties.values_or_reject(policy, world, policy_spec)
     properties.check_all(world, values, policy_spec)
-    runtime = plan(policy, world.views).runtime
+    runtime = validate(values, world.views).runtime
     event(f"ep={world.ep_size} payload={world.moe.payload}")
     rt = single_gpu.run(world, [runtime] * world.ep_size)
     assert not rt.problems(), _report(world, values, rt, policy_spec)

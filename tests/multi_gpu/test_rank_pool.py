@@ -42,7 +42,7 @@ def test_pool_round_trip(ep_size, pools, policy, policy_spec):
 
     @given(world=gpu_worlds(ep_sizes=[ep_size], max_blocks=8 * 64, cap_values=CAPS))
     def run(world):
-        values = properties.rule_values(policy, world, policy_spec)
+        values = properties.values_or_reject(policy, world, policy_spec)
         properties.check_all(world, values, policy_spec)
         pool.run(world, policy_spec)
 

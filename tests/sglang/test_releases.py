@@ -1,0 +1,94 @@
+"""SGLang's own ``FlashinferDispatcher.dispatch()``, unmodified, from pinned releases (files
+fetched from PyPI with ``pip download --no-deps`` and cached in ``.sglang/``).
+
+EXPECTED is the verdict table of the README, measured with
+``python -m dispatcher.sglang_verdicts``; these tests re-measure it on every run, so a change
+in the adapter or in the world model that would change a verdict is caught. Run the whole
+CPU tier against any checkout with ``pytest -n auto --policy=sglang:PATH``.
+"""
+import pytest
+from hypothesis import HealthCheck, find, settings
+from hypothesis.errors import NoSuchExample
+
+from dispatcher import properties
+from dispatcher.policies import load_policy
+from dispatcher.sglang_adapter import SGLangContext, load_release
+from dispatcher.sglang_verdicts import COLUMNS, _violates
+from dispatcher.world import MoeConfig, World
+from strategies import worlds
+
+# release -> the properties it breaks (decode mode). 0.5.10 is before SGLang PR #25685.
+EXPECTED = {
+    "0.5.10": {"within-cap", "tight", "no crash"},
+    "0.5.14": {"fits", "within-cap", "tight"},
+    "0.5.16": {"within-cap", "tight"},
+    "0.5.23": set(),
+}
+SEARCH = settings(max_examples=300, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+
+
+@pytest.fixture(scope="session")
+def releases():
+    return {v: load_policy(f"sglang:{v}")[1] for v in EXPECTED}
+
+
+@pytest.mark.parametrize("version", list(EXPECTED))
+@pytest.mark.parametrize("column", COLUMNS)
+def test_release_verdict(releases, version, column):
+    release = releases[version]
+    budget = settings(SEARCH, max_examples=1500) if column in EXPECTED[version] else SEARCH
+    try:
+        world = find(worlds(), _violates(release, column), settings=budget)
+    except NoSuchExample:
+        world = None
+    if column in EXPECTED[version]:
+        assert world is not None, f"{version} no longer breaks {column}: update the table"
+        assert world.ep_size <= 4, f"shrank only to {world!r}"
+    else:
+        assert world is None, f"{version} breaks {column}: {world!r}"
+
+
+def test_pre_25685_release_fails_with_a_shrunk_sp_counterexample(releases):
+    """The famous bug, through SGLang 0.5.10's own code: SP scatter without DP attention,
+    the pre-scatter count passed as the runtime."""
+    release = releases["0.5.10"]
+    world = find(worlds(), lambda w: not w.dp_attention and _violates(release, "tight")(w),
+                 settings=SEARCH)
+    assert world.attn_tp_size == world.ep_size == 2 and world.dp_global == (2,)
+    assert properties.rule_values(release, world) == [2, 2] and world.ideal_runtime == 1
+
+
+def test_newest_release_sizes_the_famous_world_right(releases):
+    world = World(ep_size=4, dp_size=1, group_tokens=(9,), max_num_tokens=8)
+    assert properties.rule_values(releases["0.5.23"], world) == [3] * 4
+    assert properties.rule_values(releases["0.5.10"], world) == [12] * 4
+
+
+def test_extend_batches_are_modelled_per_release(releases):
+    """Newer releases route extend (prefill) around the A2A; 0.5.10 has no such path and
+    sizes the A2A for it like decode. Neither is skipped."""
+    world = World(ep_size=4, dp_size=2, group_tokens=(6, 2), max_num_tokens=64)
+    new = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="extend"))
+    old = releases["0.5.10"].outcome(world, 0, SGLangContext(forward_mode="extend"))
+    assert new.routed_around and old.runtime == 6
+
+
+def test_cuda_graph_capture_and_speculative(releases):
+    world = World(ep_size=4, dp_size=1, group_tokens=(8,), max_num_tokens=64,
+                  dp_global_kind="none", moe=MoeConfig(payload="nvfp4"))
+    for ctx in (SGLangContext(forward_mode="capture"), SGLangContext(speculative=True)):
+        assert releases["0.5.23"].outcome(world, 1, ctx).runtime == 2
+
+
+def test_sglang_assertion_in_an_over_cap_world_is_the_right_answer(releases):
+    world = World(ep_size=2, dp_size=2, group_tokens=(9, 9), max_num_tokens=4)
+    with pytest.raises(properties.RefusedCorrectly, match="SGLANG_FLASHINFER_NUM_MAX_DISPATCH"):
+        properties.rule_values(releases["0.5.23"], world)
+
+
+def test_unknown_import_fails_by_name(tmp_path):
+    f = tmp_path / "flashinfer.py"
+    f.write_text("from sglang.srt.layers.dp_attention import get_brand_new_thing\n")
+    with pytest.raises(ImportError, match="get_brand_new_thing"):
+        load_release(f)
