@@ -34,6 +34,9 @@ for s in $STEPS; do case $s in
          step "bad-${pol##*:}" 45 $py "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip and 2" --policy=$pol --timeout=40
        done ;;
   speed) step speed 70 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes ${POOLS:-2} --out $R/gpu_speed.json ;;
+  sglang) for rel in 0.5.23 0.5.10; do  # SGLang's own dispatch() sizing the real kernels
+         step "sglang-$rel" 90 $py gpu tests/gpu -k real_round_trip --policy=sglang:$rel --timeout=80
+       done ;;
   ttft) step ttft 300 python3 benchmarks/ttft.py --out $R/ttft ;;
 esac; done
 tar -C $R -czf $OUT/results.tgz . && ls -la $OUT
