@@ -22,6 +22,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import types
 import zipfile
 from dataclasses import dataclass, field
@@ -431,7 +432,7 @@ def _cuda_to_cpu():
             setattr(torch, n, f)
 
 
-@dataclass
+@dataclass(repr=False)
 class SGLangRelease:
     """One ``flashinfer.py`` loaded with stand-ins; call it as a policy or ``outcome()``."""
 
@@ -442,6 +443,9 @@ class SGLangRelease:
 
     @property
     def __name__(self):  # noqa: A003 - reads like a policy in reports
+        return f"sglang:{self.label}"
+
+    def __repr__(self):
         return f"sglang:{self.label}"
 
     def _dispatcher(self, world: World, rank: int, ctx: SGLangContext):
@@ -583,19 +587,21 @@ def _extract(wheel: Path) -> Path:
 
 
 def fetch_release(version: str) -> Path:
-    """The release's ``flashinfer.py`` from PyPI (``pip download --no-deps``), cached."""
+    """The release's ``flashinfer.py`` from PyPI (``pip download --no-deps``), cached; safe to
+    call from several xdist workers at once (each downloads privately, the file is renamed
+    into place atomically)."""
     target = CACHE / version / RELEASE_FILE
-    if not target.exists():
-        wheels = CACHE / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
-        found = list(wheels.glob(f"sglang-{version}-*.whl"))
-        if not found:
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                            "--only-binary=:all:", "-d", str(wheels), f"sglang=={version}"],
-                           check=True)
-            found = list(wheels.glob(f"sglang-{version}-*.whl"))
-        _extract(found[0])
-        found[0].unlink()  # keep only the one file (39 MB per wheel otherwise)
+    if target.exists():
+        return target
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--only-binary=:all:", "-d", tmp, f"sglang=={version}"], check=True)
+        wheel = next(Path(tmp).glob(f"sglang-{version}-*.whl"))
+        with zipfile.ZipFile(wheel) as z:
+            z.extract(RELEASE_FILE, tmp)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(Path(tmp) / RELEASE_FILE, target)
     return target
 
 

@@ -7,6 +7,9 @@ in the adapter or in the world model that would change a verdict is caught. Run 
 CPU tier against any checkout with ``pytest -n auto --policy=sglang:PATH``.
 """
 import pytest
+
+pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
+                    "(the CPU build) or pip install -e '.[sglang]'")
 from hypothesis import HealthCheck, find, settings
 from hypothesis.errors import NoSuchExample
 
