@@ -5,6 +5,7 @@ rank-invariant, within-cap) is separate from tightness. The cap is placed at, ab
 the payload and the pre-scatter count by the strategy itself; ``target()`` hill-climbing on
 payload/cap was tried and cost 47 s on one test for nothing the placements miss.
 """
+import pytest
 from hypothesis import event, example, given
 
 from dispatcher import properties
@@ -30,31 +31,9 @@ def _values(policy, world, name):
     return properties.values_or_reject(policy, world, name)
 
 
+@pytest.mark.parametrize("prop", list(properties.PROPERTIES))
 @_pinned
 @given(world=worlds())
-def test_positive(world, policy, policy_spec):
-    properties.check_positive(world, _values(policy, world, policy_spec), policy_spec)
-
-
-@_pinned
-@given(world=worlds())
-def test_fits_every_rank(world, policy, policy_spec):
-    properties.check_fits(world, _values(policy, world, policy_spec), policy_spec)
-
-
-@_pinned
-@given(world=worlds())
-def test_rank_invariant(world, policy, policy_spec):
-    properties.check_rank_invariant(world, _values(policy, world, policy_spec), policy_spec)
-
-
-@_pinned
-@given(world=worlds())
-def test_within_cap_when_payload_fits(world, policy, policy_spec):
-    properties.check_within_cap(world, _values(policy, world, policy_spec), policy_spec)
-
-
-@_pinned
-@given(world=worlds())
-def test_tight(world, policy, policy_spec):
-    properties.check_tight(world, _values(policy, world, policy_spec), policy_spec)
+def test_property(prop, world, policy, policy_spec):
+    """positive, fits, rank-invariant, within-cap, tight: each its own test id."""
+    properties.PROPERTIES[prop](world, _values(policy, world, policy_spec), policy_spec)
