@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import enum
 import importlib.util
+import inspect
 import os
 import subprocess
 import sys
@@ -448,10 +449,13 @@ class SGLangRelease:
     def __repr__(self):
         return f"sglang:{self.label}"
 
+    def _repr_pretty_(self, printer, cycle):  # Hypothesis prints dataclasses field by field
+        printer.text(repr(self))
+
     def _dispatcher(self, world: World, rank: int, ctx: SGLangContext):
         moe = world.moe
         key = (world.ep_size, rank, moe.hidden_size, moe.top_k, moe.num_experts, moe.payload,
-               ctx.speculative, world.max_num_tokens, world.dp_size)
+               ctx.speculative, world.max_num_tokens, world.dp_size, ctx.sp_prefill_a2a)
         if key not in self._instances:
             cls = self.module.FlashinferDispatcher
             with _cuda_to_cpu():
@@ -459,6 +463,8 @@ class SGLangRelease:
                               num_experts=moe.num_experts,
                               num_local_experts=moe.num_experts // world.ep_size,
                               hidden_size=moe.hidden_size)
+                if "enable_sp_prefill_a2a" in inspect.signature(cls.__init__).parameters:
+                    kwargs["enable_sp_prefill_a2a"] = ctx.sp_prefill_a2a  # server arg, 0.5.2x
                 d = cls(**kwargs)
             quant = {}
             if moe.payload == "nvfp4":

@@ -1,3 +1,3 @@
 """Hypothesis strategies that build whole serving worlds the way SGLang's scheduler does."""
 from .worlds import (a2a_worlds, caps, gpu_worlds, group_token_counts, moe_configs,  # noqa: F401
-                     regimes, topologies, worlds)
+                     regimes, sglang_contexts, topologies, worlds)

@@ -18,7 +18,7 @@ from dispatcher.workspace import HIDDEN_MULTIPLE, SUPPORTED_TOP_K, PayloadFormat
 from dispatcher.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
 
 __all__ = ["topologies", "group_token_counts", "caps", "moe_configs", "worlds", "a2a_worlds",
-           "gpu_worlds", "regimes", "SHAPES", "CAP_PLACEMENTS"]
+           "gpu_worlds", "sglang_contexts", "regimes", "SHAPES", "CAP_PLACEMENTS"]
 
 POW2 = (1, 2, 4, 8, 16, 32, 64)
 SHAPES = ("equal", "independent", "one_hot", "with_zeros", "all_zero")
@@ -164,6 +164,16 @@ def gpu_worlds(max_ep: int = 8, ep_sizes: Optional[Sequence[int]] = None, max_bl
         max_tokens = min(max_tokens, max(cap_values))
     return a2a_worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens,
                       hidden_sizes=(64, 128, 256), top_ks=(1, 2, 4, 8), cap_values=cap_values)
+
+
+def sglang_contexts():
+    """What SGLang's dispatch() reads beyond the world: forward mode (decode, extend, mixed,
+    CUDA-graph capture), speculative decoding, and the require_mlp_tp_gather server args."""
+    from dispatcher.sglang_adapter import FORWARD_MODES, SGLangContext
+
+    return st.builds(SGLangContext, forward_mode=st.sampled_from(FORWARD_MODES),
+                     speculative=st.booleans(), moe_dense_tp_size=st.sampled_from([None, 1]),
+                     enable_dp_lm_head=st.booleans(), sp_prefill_a2a=st.booleans())
 
 
 def regimes(world: World) -> set:

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
-from hypothesis import HealthCheck, find, settings
+from hypothesis import HealthCheck, event, find, given, reject, settings
 from hypothesis.errors import NoSuchExample
 
 from dispatcher import properties
@@ -18,7 +18,7 @@ from dispatcher.policies import load_policy
 from dispatcher.sglang_adapter import SGLangContext, load_release
 from dispatcher.sglang_verdicts import COLUMNS, _violates
 from dispatcher.world import MoeConfig, World
-from strategies import worlds
+from strategies import sglang_contexts, worlds
 
 # release -> the properties it breaks (decode mode). 0.5.10 is before SGLang PR #25685.
 EXPECTED = {
@@ -95,3 +95,36 @@ def test_unknown_import_fails_by_name(tmp_path):
     f.write_text("from sglang.srt.layers.dp_attention import get_brand_new_thing\n")
     with pytest.raises(ImportError, match="get_brand_new_thing"):
         load_release(f)
+
+
+@settings(max_examples=150)
+@given(world=worlds(max_ep=16), ctx=sglang_contexts())
+def test_newest_release_in_every_forward_mode(releases, world, ctx):
+    """SGLang 0.5.23 over (world, context): every rank takes the same path (all launch the
+    A2A or all route around it), and a launched runtime has every property."""
+    release = releases["0.5.23"]
+    if max(world.group_tokens) == 0:
+        reject()  # SGLang runs no forward when every DP group is idle
+    if world.dp_global == () and ctx.forward_mode in ("extend", "mixed"):
+        reject()  # measured separately: test_newest_release_prefill_rejects_an_empty_dp_global
+    outs = [release.outcome(world, r, ctx) for r in range(world.ep_size)]
+    assert len({o.routed_around for o in outs}) == 1, (ctx, world, outs)
+    event(f"{ctx.forward_mode}: {'routed around' if outs[0].routed_around else 'A2A'}")
+    if outs[0].routed_around:
+        return
+    errors = [o.error for o in outs if o.error]
+    if errors:
+        assert not world.payload_fits_cap, f"SGLang raised in a valid world: {errors[0]}\n{world!r} {ctx}"
+        return
+    properties.check_all(world, [o.runtime for o in outs], f"sglang:0.5.23 {ctx}")
+
+
+def test_newest_release_prefill_rejects_an_empty_dp_global(releases):
+    """Found by the test above: 0.5.23's prefill all-gather treats ``dp_global == []`` as a
+    list of no sources (DESIGN.md: an empty list must be handled like None) and raises, where
+    decode handles it. Pinned as measured, so a fix upstream shows up here."""
+    world = World(ep_size=1, dp_size=1, group_tokens=(1,), max_num_tokens=1, dp_global_kind="empty")
+    extend = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="extend"))
+    decode = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="decode"))
+    assert extend.error and "len(source_sizes)=0" in extend.error
+    assert decode.runtime == 1
