@@ -22,7 +22,7 @@ from .workspace import (INT32, Layout, PayloadSpec, aux_offsets, combine_bytes_p
                         dispatch_payloads, layout, workspace_size_per_rank)
 from .world import World
 
-__all__ = ["SlotEvent", "Monitor", "SlotOverflowDetected", "IllegalAddress", "A2AModel",
+__all__ = ["SlotEvent", "Monitor", "IllegalAddress", "A2AModel",
            "RoundTrip", "round_trip", "POISON"]
 
 POISON = 0xA5  # unused slots hold this, so stale rows are visible
@@ -54,24 +54,14 @@ class SlotEvent:
                 f"{self.receiver_runtime}) {verb} {self.lands_in}")
 
 
-class SlotOverflowDetected(AssertionError):
-    """The monitor saw rows leave their slots: the runtime was too small or not agreed."""
-
-
 @dataclass
 class Monitor:
+    """Every row the kernel would move to or from a place other than its slot, named."""
+
     events: List[SlotEvent] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.events)
-
-    def raise_if_any(self, limit: int = 5) -> None:
-        if self.events:
-            lines = [str(e) for e in self.events[:limit]]
-            more = len(self.events) - limit
-            raise SlotOverflowDetected(
-                f"{len(self.events)} row(s) left their A2A slot:\n  " + "\n  ".join(lines)
-                + (f"\n  ... and {more} more" if more > 0 else ""))
 
 
 def _where(lay: Layout, offset: int, aux_end: int) -> str:
