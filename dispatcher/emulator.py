@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .inputs import (RankInputs, decode_hidden, from_bf16_bits, make_inputs, owners_of,
+from .inputs import (RankInputs, decode_hidden, from_bf16_bits, make_inputs,
                      reference_outputs, stand_in_moe, to_bf16_bits)
 from .workspace import (INT32, Layout, PayloadSpec, aux_offsets, combine_bytes_per_token,
                         dispatch_payloads, layout, workspace_size_per_rank)
@@ -120,10 +120,9 @@ class A2AModel:
                              f"bytes but has {self.size_per_rank}")
         return lay
 
-    def _routes(self, expert_ids: np.ndarray):
+    def _routes(self, owners: np.ndarray):
         """(token, target) for each first top-k slot per distinct target, and its send index."""
-        n, k = expert_ids.shape
-        owners = owners_of(expert_ids, self.num_experts, self.ep_size)
+        n, k = owners.shape
         earlier = np.tril(np.ones((k, k), dtype=bool), -1)  # [k, j]: j < k
         dup = ((owners[:, :, None] == owners[:, None, :]) & earlier).any(axis=2)
         tok, kk = np.nonzero(~dup)  # row-major: token order, then k
@@ -141,7 +140,7 @@ class A2AModel:
         recv_counts = np.zeros((W, W), dtype=np.int64)
         self._sends = []
         for s, inp in enumerate(inputs):
-            tok, tgt, idx = self._routes(inp.expert_ids)
+            tok, tgt, idx = self._routes(inp.owners)
             self._sends.append((tok, tgt, idx))
             np.add.at(recv_counts, (tgt, np.full_like(tgt, s)), 1)
             R_s, lay_s = runtimes[s], self._layouts[s]
@@ -240,8 +239,7 @@ def expected_recv_counts(world: World, inputs: Sequence[RankInputs]) -> np.ndarr
     W = world.ep_size
     counts = np.zeros((W, W), dtype=np.int64)
     for s, inp in enumerate(inputs):
-        owners = owners_of(inp.expert_ids, world.moe.num_experts, W)
-        counts[:, s] = (owners[:, :, None] == np.arange(W)).any(axis=1).sum(axis=0)
+        counts[:, s] = (inp.owners[:, :, None] == np.arange(W)).any(axis=1).sum(axis=0)
     return counts
 
 
@@ -258,14 +256,17 @@ def round_trip(world: World, runtimes: Sequence[int],
     n_hidden = len(specs) - 2
     received_ok = _received_rows_ok(model, views, inputs)
     outputs = []
-    for t, planes in enumerate(views):
-        R = runtimes[t]
-        flat = [np.ascontiguousarray(p).reshape(world.ep_size * R, -1) for p in planes]
+    W = world.ep_size
+    groups = [list(range(W))] if len(set(runtimes)) == 1 else [[t] for t in range(W)]
+    for targets in groups:  # every target rank at once when the runtimes agree
+        R = runtimes[targets[0]]
+        flat = [np.concatenate([np.ascontiguousarray(views[t][q]).reshape(W * R, -1) for t in targets])
+                for q in range(len(specs))]
         x = decode_hidden(flat[:n_hidden], fmt, moe.hidden_size)
-        ids = flat[n_hidden].view(np.int32)
-        w = flat[n_hidden + 1].view(np.float32)
-        y = stand_in_moe(x, ids, w, t, moe.num_experts, world.ep_size)
-        outputs.append(y.reshape(world.ep_size, R, moe.hidden_size))
+        ids = np.ascontiguousarray(flat[n_hidden]).view(np.int32)
+        w = np.ascontiguousarray(flat[n_hidden + 1]).view(np.float32)
+        y = stand_in_moe(x, ids, w, np.repeat(targets, W * R), moe.num_experts, W)
+        outputs += list(y.reshape(len(targets), W, R, moe.hidden_size))
     combined = model.combine(runtimes, outputs, world.rows_per_rank)
     return RoundTrip(tuple(combined), tuple(reference_outputs(world, inputs)), recv_counts,
                      expected_recv_counts(world, inputs), tuple(model.monitor.events), received_ok)

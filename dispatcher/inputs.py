@@ -47,6 +47,7 @@ class RankInputs:
     expert_ids: np.ndarray
     weights: np.ndarray
     payload_rows: Tuple[np.ndarray, ...]
+    owners: np.ndarray  # [n, K] EP rank owning each expert (computed once, used everywhere)
 
 
 def encode_hidden(x: np.ndarray, fmt: PayloadFormat, rng: np.random.Generator) -> List[np.ndarray]:
@@ -110,7 +111,8 @@ def make_inputs(world: World) -> List[RankInputs]:
         rows = encode_hidden(x, fmt, rng) + [ids.view(np.uint8).reshape(n, 4 * moe.top_k),
                                              w.view(np.uint8).reshape(n, 4 * moe.top_k)]
         assert [r.shape[1] for r in rows] == [s.bytes_per_token for s in specs]
-        out.append(RankInputs(x, ids, w, tuple(np.ascontiguousarray(r) for r in rows)))
+        out.append(RankInputs(x, ids, w, tuple(np.ascontiguousarray(r) for r in rows),
+                              owners_of(ids, moe.num_experts, world.ep_size)))
     return out
 
 
@@ -123,12 +125,14 @@ def owners_of(expert_ids: np.ndarray, num_experts: int, ep_size: int) -> np.ndar
     return np.where((e >= 0) & (e < num_experts), own, -1)
 
 
-def stand_in_moe(x: np.ndarray, expert_ids: np.ndarray, weights: np.ndarray, ep_rank: int,
+def stand_in_moe(x: np.ndarray, expert_ids: np.ndarray, weights: np.ndarray, ep_rank,
                  num_experts: int, ep_size: int) -> np.ndarray:
     """What EP rank ``ep_rank``'s experts return for received rows: bf16 bits of
     ``x * sum_k w_k * scale(e_k)`` over the k whose expert this rank owns (stale rows, whose
-    ids are anything, go through too, as padding rows do in a real MoE)."""
-    mine = owners_of(expert_ids, num_experts, ep_size) == ep_rank
+    ids are anything, go through too, as padding rows do in a real MoE). ``ep_rank`` may be an
+    array giving each row's target rank, to run every target at once."""
+    rank = np.asarray(ep_rank).reshape(-1, 1) if np.ndim(ep_rank) else ep_rank
+    mine = owners_of(expert_ids, num_experts, ep_size) == rank
     with np.errstate(all="ignore"):
         s = np.where(mine, weights * expert_scale(expert_ids), 0.0).sum(axis=1, dtype=np.float32)
         return to_bf16_bits(x * s[:, None])
@@ -137,11 +141,10 @@ def stand_in_moe(x: np.ndarray, expert_ids: np.ndarray, weights: np.ndarray, ep_
 def reference_outputs(world: World, inputs: List[RankInputs]) -> List[np.ndarray]:
     """What combine must return on each rank, computed without any all-to-all: one bf16
     expert-output row per distinct target rank, summed in fp32, rounded to bf16."""
-    moe, W = world.moe, world.ep_size
+    W = world.ep_size
     outs = []
     for inp in inputs:
-        owners = owners_of(inp.expert_ids, moe.num_experts, W)
-        mine = owners[:, :, None] == np.arange(W)  # [n, K, W]
+        mine = inp.owners[:, :, None] == np.arange(W)  # [n, K, W]
         s = (mine * (inp.weights * expert_scale(inp.expert_ids))[:, :, None]).sum(
             axis=1, dtype=np.float32)  # [n, W]
         y = from_bf16_bits(to_bf16_bits(inp.x[:, None, :] * s[:, :, None]))  # [n, W, H]
