@@ -1,40 +1,53 @@
 """Suite-wide options, Hypothesis profiles and hardware markers.
 
---policy=module:callable   the sizing rule under test (default: the shipped rule)
+--policy=SPEC              the sizing rule under test (default: the shipped rule); see
+                           dispatcher/policies.py for the spec forms (sglang:VERSION|PATH too)
 --require-gpus             on a GPU runner: a skipped gpu/multi_gpu test is a failure
+--rule-budget-ms=MS        mean milliseconds a rule call may take (default 20)
 HYPOTHESIS_PROFILE         dev (default) | ci | thorough | gpu | repro
 """
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-from functools import lru_cache
 
-import pytest
-from hypothesis import HealthCheck, Phase, Verbosity, settings
+# Each xdist worker is one process of many: one thread each for numpy's BLAS, OpenMP and
+# torch, or N workers x N threads fight over the cores (set before numpy/torch load).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
-from dispatcher.policies import DEFAULT_POLICY, load_policy
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
+
+from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
+from dispatcher.model import properties  # noqa: E402
+from dispatcher.policies import DEFAULT_POLICY, PolicyError, load_policy  # noqa: E402
 
 # --- Hypothesis profiles: registered once, chosen by HYPOTHESIS_PROFILE -------------------
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("dev", max_examples=200, **_common)
-settings.register_profile("ci", max_examples=300, derandomize=True, print_blob=True,
-                          database=None, **_common)
-settings.register_profile("thorough", max_examples=5000, **_common)
-settings.register_profile("gpu", max_examples=60, derandomize=True, print_blob=True,
-                          database=None, **_common)
-settings.register_profile("repro", max_examples=1, verbosity=Verbosity.verbose,
-                          phases=[Phase.explicit, Phase.reuse], **_common)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+PROFILES = {
+    "dev": settings(max_examples=200, **_common),
+    "ci": settings(max_examples=300, derandomize=True, print_blob=True, database=None, **_common),
+    "thorough": settings(max_examples=5000, **_common),
+    "gpu": settings(max_examples=60, derandomize=True, print_blob=True, database=None, **_common),
+    "repro": settings(max_examples=1, verbosity=Verbosity.verbose,
+                      phases=[Phase.explicit, Phase.reuse], **_common),
+}
+for _name, _profile in PROFILES.items():
+    settings.register_profile(_name, _profile)
+_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("a2a-sizing-gate")
-    group.addoption("--policy", default=DEFAULT_POLICY, metavar="MODULE:CALLABLE",
-                    help="sizing rule under test, (RankView) -> int (default: %(default)s)")
+    group.addoption("--policy", default=DEFAULT_POLICY, metavar="SPEC",
+                    help="sizing rule under test: NAME, module:callable, sglang[:VERSION|PATH] "
+                         "(default: %(default)s)")
     group.addoption("--require-gpus", action="store_true",
                     help="fail, rather than skip, gpu/multi_gpu tests that cannot run here")
+    group.addoption("--rule-budget-ms", type=float, default=properties.RULE_BUDGET.seconds * 1e3,
+                    metavar="MS", help="mean milliseconds one rule call may take "
+                                       "(default: %(default)s)")
 
 
 @pytest.fixture(scope="session")
@@ -44,47 +57,38 @@ def policy_spec(request):
 
 @pytest.fixture(scope="session")
 def policy(policy_spec):
-    """The sizing policy under test, as a callable ``(RankView) -> int``."""
+    """The policy under test: a rule ``(RankView) -> int`` or an SGLang release."""
     return load_policy(policy_spec)[1]
 
 
 def pytest_configure(config):
+    if _PROFILE not in PROFILES:
+        raise pytest.UsageError(f"HYPOTHESIS_PROFILE={_PROFILE!r} is not a profile of this "
+                                f"suite: use one of {', '.join(PROFILES)}")
+    settings.load_profile(_PROFILE)
+    if config.getoption("--rule-budget-ms") <= 0:
+        raise pytest.UsageError("--rule-budget-ms must be positive")
+    properties.RULE_BUDGET.seconds = config.getoption("--rule-budget-ms") / 1e3
     try:
-        load_policy(config.getoption("--policy"))
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from exc
+        config.stash[_POLICY] = load_policy(config.getoption("--policy"))[1]
+    except PolicyError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+_POLICY = pytest.StashKey[object]()
+
+
+def pytest_report_header(config):
+    policy = config.stash.get(_POLICY, None)
+    line = f"a2a-sizing-gate: policy {config.getoption('--policy')}"
+    digest = getattr(policy, "sha256", None)
+    if digest:
+        line += f" ({policy.path}, sha256 {digest[:16]})"
+    return [line, f"hypothesis profile: {_PROFILE}; GPU tiers: "
+                  f"{flashinfer_missing() or 'available'}"]
 
 
 # --- hardware: count GPUs without initialising CUDA in the parent --------------------------
-@lru_cache(maxsize=None)
-def gpu_count() -> int:
-    try:
-        import pynvml  # nvidia-ml-py
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        pass
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-        except Exception:
-            return 0
-    return 0
-
-
-@lru_cache(maxsize=None)
-def flashinfer_missing() -> str:
-    import importlib.util
-
-    return "" if importlib.util.find_spec("flashinfer") else (
-        "flashinfer is not installed (pip install -e '.[gpu]')")
-
-
 _UNAVAILABLE = pytest.StashKey[str]()
 
 
@@ -93,9 +97,7 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" not in item.keywords and "multi_gpu" not in item.keywords:
             continue
         item.add_marker(pytest.mark.xdist_group("gpu"))  # one xdist worker owns the GPUs
-        have = gpu_count()
-        item.stash[_UNAVAILABLE] = ("needs a GPU, found none (NVML / nvidia-smi)" if have == 0
-                                    else flashinfer_missing())
+        item.stash[_UNAVAILABLE] = flashinfer_missing()
 
 
 def pytest_runtest_setup(item):
@@ -104,3 +106,6 @@ def pytest_runtest_setup(item):
         if item.config.getoption("--require-gpus"):
             pytest.fail(f"--require-gpus: {reason}", pytrace=False)
         pytest.skip(reason)
+
+
+pytest_plugins = ["pytester"]  # the meta tests run the suite itself against bad rules

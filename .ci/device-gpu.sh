@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# The GPU run behind the README's GPU figures, for a GPU host with no package index (the
-# device tool's nvidia-h200 / -x2 machines: Python 3.12, torch, pytest, hypothesis there).
-#   .gpu/site.tgz                  ../shared/gpu-host/pack.sh output (FlashInfer 0.7.2.post1)
+# The GPU run behind the GPU figures in docs/gpu.md, for a GPU host with no package index
+# (Python 3.12, torch, pytest, hypothesis there; FlashInfer shipped as a tarball).
+#   .gpu/site.tgz                  FlashInfer 0.7.2.post1 and its few pure-Python needs, installed
+#                                  with pip --target for Python 3.12 and tarred
 #   .gpu/mnnvl_moe_alltoall.so     optional prebuilt module (installed as FlashInfer's AOT .so;
 #                                  if it fails to load, FlashInfer JIT-builds it, ~165 s)
 #   STEPS="gpu multi2 multi4 bad speed ttft"   which parts to run; results in $OUT/results.tgz
 set -uo pipefail
 OUT=${OUT:-$PWD/out/gpu}; R=$OUT/r; mkdir -p "$R"
 STEPS=${STEPS:-gpu multi2 multi4 bad speed ttft}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=gpu
 site=/tmp/site; aot=$site/flashinfer/data/aot/mnnvl_moe_alltoall
 mkdir -p $site && tar -C $site -xzf .gpu/site.tgz
 [ -f .gpu/mnnvl_moe_alltoall.so ] && mkdir -p $aot && cp .gpu/mnnvl_moe_alltoall.so $aot/
 export PYTHONPATH=$site:$PWD
+eval "$(python3 -m dispatcher.gpu.env)"   # NVLink multicast off, as every GPU process sets it
 nvidia-smi -L | tee $R/env.log
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'gpus', torch.cuda.device_count())" | tee -a $R/env.log
-load='import time; t=time.time(); from dispatcher.flashinfer_a2a import module; module(); print("a2a module ready in %.1f s" % (time.time()-t))'
+load='import time; t=time.time(); from dispatcher.gpu.flashinfer import module; module(); print("a2a module ready in %.1f s" % (time.time()-t))'
 if ! python3 -c "$load" 2>&1 | tee -a $R/env.log; then
   echo "prebuilt module did not load; JIT build" | tee -a $R/env.log
   rm -rf $aot; python3 -c "$load" 2>&1 | tee -a $R/env.log

@@ -17,17 +17,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # noqa: E402
+from hypothesis import Phase, given, settings, strategies as st  # noqa: E402
 
-from dispatcher import properties  # noqa: E402
-from dispatcher.emulator import round_trip  # noqa: E402
+from dispatcher.emulator.a2a import round_trip  # noqa: E402
+from dispatcher.model import properties  # noqa: E402
 from dispatcher.sizing import ideal_rule, prefix_rule  # noqa: E402
 from strategies import a2a_worlds, worlds  # noqa: E402
+from strategies.search import SEARCH  # noqa: E402
 
 
 def _settings(n, phases=(Phase.generate,)):
-    return settings(max_examples=n, database=None, derandomize=True, deadline=None,
-                    phases=list(phases), suppress_health_check=list(HealthCheck))
+    return settings(SEARCH, max_examples=n, phases=list(phases))
 
 
 def _rate(strategy, body, n, repeats=3):

@@ -16,18 +16,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import Phase, given, settings  # noqa: E402
 
-from dispatcher.dispatcher import plan  # noqa: E402
+from dispatcher.model.validation import plan  # noqa: E402
 from dispatcher.sizing import ideal_rule  # noqa: E402
-from strategies import gpu_worlds  # noqa: E402
+from strategies import GPU_SHAPES, gpu_worlds, pool_worlds  # noqa: E402
+from strategies.search import SEARCH  # noqa: E402
+
+GENERATE = settings(SEARCH, phases=[Phase.generate])
 
 
 def draw(strategy, n):
     out = []
 
-    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(GENERATE, max_examples=n)
     @given(strategy)
     def collect(w):
         out.append(w)
@@ -50,26 +52,27 @@ def main():
     a = ap.parse_args()
     import torch
 
-    from dispatcher.gpu_single import SingleGpuA2A
+    from dispatcher.gpu.single import SingleGpuA2A
 
     figures = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
     gpu = SingleGpuA2A()
     worlds = draw(gpu_worlds(), a.examples)
 
     def one(world):
-        rt = gpu.run(world, [plan(ideal_rule, world.views).runtime] * world.ep_size)
-        assert not rt.problems(), rt.problems()
+        rt = gpu.run(world, [plan(ideal_rule, world.views)] * world.ep_size)
+        assert not rt.problems, rt.problems
     for w in worlds[:20]:  # warm-up: JIT load, workspaces, streams
         one(w)
     figures["single_gpu_worlds_per_s"] = round(timed(one, worlds), 1)
     print(figures, flush=True)
     figures["single_gpu_worlds_per_s_with_generation"] = round(
         a.examples / _gen_and_run(one, a.examples), 1)
-    from dispatcher.rank_pool import RankPool
+    from dispatcher.gpu.rank_pool import RankPool
 
     for ep in a.pool_sizes:
-        pool = RankPool(ep, torch.cuda.device_count())
-        ws = draw(gpu_worlds(ep_sizes=[ep], max_blocks=8 * 64, cap_values=(64, 128)), a.examples)
+        pool = RankPool(ep, torch.cuda.device_count(), GPU_SHAPES.largest.dispatch_bytes,
+                        GPU_SHAPES.largest.combine_bytes)
+        ws = draw(pool_worlds(ep), a.examples)
         for w in ws[:10]:
             pool.run(w, "dispatcher.sizing:ideal_rule")
         figures[f"pool_ep{ep}_{pool.backend}_examples_per_s"] = round(
@@ -84,8 +87,7 @@ def main():
 def _gen_and_run(one, n):
     t = time.perf_counter()
 
-    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(GENERATE, max_examples=n)
     @given(gpu_worlds())
     def run(w):
         one(w)

@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dispatcher.model.world import MoeConfig, World  # noqa: E402
 from dispatcher.policies import load_policy  # noqa: E402
 from dispatcher.sizing import ideal_rule, prefix_rule, seed_era_rule  # noqa: E402
-from dispatcher.workspace import PayloadFormat, dispatch_payloads  # noqa: E402
-from dispatcher.world import MoeConfig, World  # noqa: E402
 
 TOKENS = (16, 64, 256, 1024, 4096, 16384)  # scheduler tokens per DP group
 SHAPES = ((4096, 8, 64), (7168, 8, 256))  # (hidden, top_k, experts)
@@ -66,7 +64,7 @@ def plan_points(rules, ep_size, cap, regimes, shapes=SHAPES, tokens=TOKENS):
     for regime in regimes:
         for h, k, e in shapes:
             moe = MoeConfig(hidden_size=h, top_k=k, num_experts=max(e, ep_size))
-            d = sum(p.bytes_per_token for p in dispatch_payloads(PayloadFormat.BF16, h, k))
+            d = moe.dispatch_bytes
             for n in tokens:
                 world = worlds_for(regime, ep_size, n, cap, moe)
                 for name, rule in rules.items():
@@ -145,17 +143,16 @@ def gpu_plot(points, out: Path):
 
 
 def _rank(rank, ep_size, port, cap, points, iters, warmup, q):
-    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                       "NVSHMEM_DISABLE_NVLS": "1"})
+    from dispatcher.gpu import env
+
+    env.apply()
     import datetime
 
     import torch
     import torch.distributed as dist
-    from flashinfer.comm import Mapping
-    from flashinfer.comm.mnnvl import MnnvlConfig, TorchDistBackend
 
-    from dispatcher.flashinfer_a2a import new_moe_alltoall
-    from dispatcher.workspace import workspace_size_per_rank
+    from dispatcher.gpu.flashinfer import new_moe_alltoall
+    from dispatcher.model.workspace import workspace_size_per_rank
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -164,13 +161,9 @@ def _rank(rank, ep_size, port, cap, points, iters, warmup, q):
     results = []
     for h, k in sorted({(p.hidden, p.top_k) for p in points}):
         e = max(SHAPE_E[h], ep_size)
-        d = 2 * h + 8 * k
-        a2a = new_moe_alltoall(
-            mapping=Mapping(world_size=ep_size, rank=rank, gpus_per_node=ep_size, tp_size=ep_size,
-                            moe_ep_size=ep_size),
-            max_num_tokens=cap, top_k=k, num_experts=e,
-            workspace_size_per_rank=workspace_size_per_rank(ep_size, cap, d, 2 * h),
-            mnnvl_config=MnnvlConfig(comm_backend=TorchDistBackend()))
+        moe = MoeConfig(hidden_size=h, top_k=k, num_experts=e)
+        a2a = new_moe_alltoall(ep_size, rank, cap, k, e, workspace_size_per_rank(
+            ep_size, cap, moe.dispatch_bytes, moe.combine_bytes))
         weight = torch.randn(h, h, device="cuda", dtype=torch.bfloat16) / h ** 0.5
         gen = torch.Generator(device="cuda").manual_seed(rank)
 
@@ -215,14 +208,13 @@ SHAPE_E = {h: e for h, _, e in SHAPES}
 
 
 def gpu_run(points, ep_size, cap, iters, warmup):
-    import socket
     import statistics
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from dispatcher.gpu.env import free_port
+
+    port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, ep_size, port, cap, points, iters, warmup, q))

@@ -1,54 +1,62 @@
-"""Resolve a ``--policy`` spec to a sizing policy.
+"""Resolve a ``--policy`` spec to the policy under test.
 
-``module:callable`` imports it (``dispatcher.sizing:ideal_rule``, ``mypkg.sizing:rule``);
-a bare name is looked up among the shipped, historical and mutant rules.
+- a bare name: the shipped rule, a historical rule or a mutant (``prefix_rule``, ``undersized``)
+- ``module:callable``: your rule, imported (``mypkg.sizing:rule``, ``dispatcher.sizing:ideal_rule``)
+- ``sglang`` / ``sglang:VERSION`` / ``sglang:PATH``: SGLang's own dispatcher (installed, a
+  release fetched from PyPI and verified, or a checkout / wheel / ``flashinfer.py``)
+
+A spec that cannot be resolved raises ``PolicyError`` naming what is wrong; only the module
+or file the spec names is executed.
 """
 from __future__ import annotations
 
 import importlib
-import os
-import subprocess
+import traceback
 from typing import Tuple
 
 from .mutants import MUTANTS
 from .sizing import KNOWN_BAD_RULES, Policy, ideal_rule
 
+__all__ = ["DEFAULT_POLICY", "NAMED", "PolicyError", "load_policy"]
+
 DEFAULT_POLICY = "dispatcher.sizing:ideal_rule"
 NAMED = {"ideal_rule": ideal_rule, **KNOWN_BAD_RULES, **MUTANTS}
 
 
+class PolicyError(ValueError):
+    """The ``--policy`` spec names nothing this suite can run as a policy."""
+
+
 def load_policy(spec: str) -> Tuple[str, Policy]:
-    """Return ``(spec, callable)``; raise ``ValueError`` with the choices on a bad spec.
-
-    ``sglang`` runs the installed SGLang's ``FlashinferDispatcher.dispatch()``;
-    ``sglang:PATH`` the one in PATH (a ``flashinfer.py``, an SGLang checkout, a wheel) and
-    ``sglang:0.5.10`` a release fetched from PyPI (``pip download --no-deps``, cached).
-    """
+    """Return ``(spec, policy)``; raise ``PolicyError`` with the reason on a bad spec."""
     if spec == "sglang" or spec.startswith("sglang:"):
-        from . import sglang_adapter as sa
-
-        target = spec.partition(":")[2]
         try:
-            if not target:
-                return spec, sa.load_release(sa.installed_release_path(), "installed")
-            if target[:1].isdigit() and not os.path.exists(target):
-                return spec, sa.load_release(sa.fetch_release(target), target)
-            return spec, sa.load_release(target)
-        except (OSError, ImportError, subprocess.CalledProcessError) as exc:
-            raise ValueError(f"--policy {spec}: {exc}") from exc
+            from .sglang.loader import release_from_spec
+        except ImportError as exc:  # torch missing
+            raise PolicyError(f"--policy {spec} needs torch (pip install torch==2.13.0, the "
+                              f"CPU build): {exc}") from None
+        try:
+            return spec, release_from_spec(spec.partition(":")[2])
+        except (ValueError, ImportError, OSError) as exc:
+            raise PolicyError(f"--policy {spec}: {exc}") from None
     if ":" not in spec:
         if spec in NAMED:
             return spec, NAMED[spec]
-        raise ValueError(f"unknown policy {spec!r}: use module:callable or one of {sorted(NAMED)}")
+        raise PolicyError(f"unknown policy {spec!r}: use module:callable, sglang[:VERSION|PATH] "
+                          f"or one of {sorted(NAMED)}")
     module, _, attr = spec.partition(":")
     try:
         obj = importlib.import_module(module)
-    except ImportError as exc:
-        raise ValueError(f"--policy {spec}: cannot import {module!r}: {exc}") from exc
+    except ModuleNotFoundError as exc:
+        raise PolicyError(f"--policy {spec}: cannot import {module!r}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed at import
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        raise PolicyError(f"--policy {spec}: importing {module!r} raised "
+                          f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})") from None
     for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"--policy {spec}: {module!r} has no attribute {attr!r}")
+        if not part or not hasattr(obj, part):
+            raise PolicyError(f"--policy {spec}: {module!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"--policy {spec}: {attr!r} is not callable")
+        raise PolicyError(f"--policy {spec}: {attr!r} is not callable")
     return spec, obj

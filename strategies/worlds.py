@@ -1,4 +1,4 @@
-"""World strategies (../shared/DESIGN.md section 1).
+"""World strategies (the serving world of docs/model.md).
 
 Valid worlds are built directly, never filtered: the topology first (ep_size, dp_size dividing
 it), then what the scheduler records for each DP group (skewed, zeros, all-zero, equal, MAX_LEN
@@ -9,22 +9,46 @@ option first, so failures shrink to one group, one rank, few tokens, the default
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Tuple
 
 from hypothesis import strategies as st
 
+from dispatcher.model.sglang_context import FORWARD_MODES, SGLangContext
+from dispatcher.model.workspace import HIDDEN_MULTIPLE, SUPPORTED_TOP_K, PayloadFormat
+from dispatcher.model.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
 from dispatcher.sizing import ceil_align
-from dispatcher.workspace import HIDDEN_MULTIPLE, SUPPORTED_TOP_K, PayloadFormat
-from dispatcher.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
 
 __all__ = ["topologies", "group_token_counts", "caps", "moe_configs", "worlds", "a2a_worlds",
-           "gpu_worlds", "sglang_contexts", "regimes", "SHAPES", "CAP_PLACEMENTS"]
+           "gpu_worlds", "pool_worlds", "sglang_contexts", "regimes", "SHAPES",
+           "CAP_PLACEMENTS", "GpuShapes", "GPU_SHAPES"]
 
 POW2 = (1, 2, 4, 8, 16, 32, 64)
 SHAPES = ("equal", "independent", "one_hot", "with_zeros", "all_zero")
 CAP_PLACEMENTS = ("at_payload", "payload_plus_1", "payload_minus_1", "pre_scatter",
                   "pre_scatter_minus_1", "realistic", "roomy")
 REALISTIC_CAPS = (256, 1024, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True)
+class GpuShapes:
+    """What the GPU tiers draw: MoE shapes small enough for every rank's dispatch blocks to
+    be co-resident, and the caps the rank pool keeps one workspace each for (sized for the
+    largest shape, ``largest``)."""
+
+    hidden_sizes: Tuple[int, ...] = (64, 128, 256)
+    top_ks: Tuple[int, ...] = (1, 2, 4, 8)
+    caps: Tuple[int, ...] = (64, 128)
+    single_gpu_blocks: int = 128  # rows * ep_size on one GPU (H200: 132 SMs)
+    pool_blocks: int = 8 * 64  # rows * ep_size across the pool's GPUs
+
+    @property
+    def largest(self) -> MoeConfig:
+        """The shape needing the most bytes per token (bf16 carries the most per element)."""
+        return MoeConfig(hidden_size=max(self.hidden_sizes), top_k=max(self.top_ks))
+
+
+GPU_SHAPES = GpuShapes()
 
 
 def _divisors(n: int) -> list:
@@ -154,23 +178,29 @@ def a2a_worlds(max_ep: int = 8, max_tokens: int = 48, ep_sizes: Optional[Sequenc
                   cap_values=cap_values)
 
 
-def gpu_worlds(max_ep: int = 8, ep_sizes: Optional[Sequence[int]] = None, max_blocks: int = 128,
+def gpu_worlds(max_ep: int = 8, ep_sizes: Optional[Sequence[int]] = None,
+               max_blocks: int = GPU_SHAPES.single_gpu_blocks,
                cap_values: Optional[Sequence[int]] = None):
     """Worlds for the real kernels: every rank's dispatch CTAs (one per row) must be resident
-    at once on one GPU, so rows * ep_size stays <= ``max_blocks`` (H200: 132 SMs)."""
+    at once on one GPU, so rows * ep_size stays <= ``max_blocks``."""
     biggest = max(ep_sizes) if ep_sizes else max_ep
     max_tokens = max(1, max_blocks // biggest)
     if cap_values:  # a group's rows never exceed its token count: keep them within the caps
         max_tokens = min(max_tokens, max(cap_values))
     return a2a_worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens,
-                      hidden_sizes=(64, 128, 256), top_ks=(1, 2, 4, 8), cap_values=cap_values)
+                      hidden_sizes=GPU_SHAPES.hidden_sizes, top_ks=GPU_SHAPES.top_ks,
+                      cap_values=cap_values)
+
+
+def pool_worlds(ep_size: int):
+    """Worlds for the rank pool of ``ep_size`` ranks: its caps, its shapes."""
+    return gpu_worlds(ep_sizes=[ep_size], max_blocks=GPU_SHAPES.pool_blocks,
+                      cap_values=GPU_SHAPES.caps)
 
 
 def sglang_contexts():
     """What SGLang's dispatch() reads beyond the world: forward mode (decode, extend, mixed,
     CUDA-graph capture), speculative decoding, and the require_mlp_tp_gather server args."""
-    from dispatcher.sglang_adapter import FORWARD_MODES, SGLangContext
-
     return st.builds(SGLangContext, forward_mode=st.sampled_from(FORWARD_MODES),
                      speculative=st.booleans(), moe_dense_tp_size=st.sampled_from([None, 1]),
                      enable_dp_lm_head=st.booleans(), sp_prefill_a2a=st.booleans())

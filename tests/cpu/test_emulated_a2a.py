@@ -2,19 +2,18 @@
 
 The round trip (dispatch -> stand-in MoE -> combine) runs with the values the rule returns on
 each rank, *without* the dispatcher's validation, so an undersized or rank-variant rule shows
-the damage FlashInfer would do (the monitor names each row that left its slot), not only a
+the damage FlashInfer would do (the model names each row that left its slot), not only a
 refused launch.
 """
 import numpy as np
 import pytest
 from hypothesis import event, given, strategies as st
 
-from dispatcher import properties
-from dispatcher.dispatcher import A2ASizingError, NonPositiveRuntime, CapExceeded
-from dispatcher.emulator import POISON, A2AModel, round_trip
-from dispatcher.inputs import make_inputs
-from dispatcher.workspace import combine_bytes_per_token, dispatch_payloads
-from dispatcher.world import MoeConfig, World
+from dispatcher.emulator.a2a import POISON, A2AModel, round_trip
+from dispatcher.emulator.inputs import make_inputs
+from dispatcher.model import properties
+from dispatcher.model.validation import A2ASizingError, CapExceeded, NonPositiveRuntime
+from dispatcher.model.world import MoeConfig, World
 from strategies import a2a_worlds
 
 
@@ -46,7 +45,7 @@ def test_round_trip_is_exact_with_the_policy_runtime(world, policy, policy_spec)
 
 
 @given(world=a2a_worlds(), short=st.integers(1, 4))
-def test_monitor_names_every_overflow_of_an_undersized_runtime(world, short):
+def test_model_names_every_overflow_of_an_undersized_runtime(world, short):
     """Runtime below the payload: whenever some rank sends more rows to one target than the
     runtime, the model reports exactly those rows, and never on a correct runtime."""
     runtime = max(1, world.ideal_runtime - short)
@@ -54,8 +53,7 @@ def test_monitor_names_every_overflow_of_an_undersized_runtime(world, short):
     rt = round_trip(world, [runtime] * world.ep_size, inputs)
     worst = int(rt.expected_counts.max()) if rt.expected_counts.size else 0
     overflowing = int(np.clip(rt.expected_counts - runtime, 0, None).sum())
-    n_payloads = len(dispatch_payloads(world.moe.payload_format, world.moe.hidden_size,
-                                       world.moe.top_k))
+    n_payloads = len(world.moe.payloads)
     dispatch_events = [e for e in rt.events if e.phase == "dispatch"]
     assert len(dispatch_events) == overflowing * n_payloads
     assert all(e.send_index >= runtime for e in rt.events)
@@ -83,9 +81,7 @@ def test_rank_disagreement_misplaces_rows():
 @given(world=a2a_worlds())
 def test_stale_rows_past_each_senders_count_hold_poison(world):
     moe = world.moe
-    specs = dispatch_payloads(moe.payload_format, moe.hidden_size, moe.top_k)
-    model = A2AModel(world.ep_size, world.max_num_tokens, specs,
-                     combine_bytes_per_token(moe.hidden_size), moe.num_experts, moe.top_k)
+    model = A2AModel(world.ep_size, world.max_num_tokens, moe.payloads, moe.combine_bytes)
     views, counts = model.dispatch([world.ideal_runtime] * world.ep_size, make_inputs(world))
     for t, planes in enumerate(views):
         for s in range(world.ep_size):

@@ -8,8 +8,8 @@ payload/cap was tried and cost 47 s on one test for nothing the placements miss.
 import pytest
 from hypothesis import event, example, given
 
-from dispatcher import properties
-from dispatcher.world import World
+from dispatcher.model import properties
+from dispatcher.model.world import World
 from strategies import regimes, worlds
 
 # Counterexamples that mattered, pinned.

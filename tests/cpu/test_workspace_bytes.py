@@ -2,17 +2,10 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from dispatcher.workspace import (PayloadFormat, aux_size, combine_bytes_per_token,
-                                  dispatch_payloads, layout, pad, workspace_size_per_rank)
+from dispatcher.model.workspace import (PayloadFormat, aux_size, dispatch_payloads, pad,
+                                        workspace_size_per_rank)
+from dispatcher.model.world import World
 from strategies import moe_configs, worlds
-
-
-def _sizes(world):
-    moe = world.moe
-    specs = dispatch_payloads(moe.payload_format, moe.hidden_size, moe.top_k)
-    d = sum(p.bytes_per_token for p in specs)
-    c = combine_bytes_per_token(moe.hidden_size)
-    return specs, d, c, workspace_size_per_rank(world.ep_size, world.max_num_tokens, d, c)
 
 
 def test_design_example_to_the_byte():
@@ -42,23 +35,20 @@ def test_aux_size(w, head):
 
 @given(world=worlds(moe=moe_configs), frac=st.floats(0, 1))
 def test_needed_bytes_fit_for_every_runtime_up_to_the_cap(world, frac):
-    specs, d, c, size = _sizes(world)
-    cap = world.max_num_tokens
+    size, cap = world.workspace_size, world.max_num_tokens
     for runtime in {1, max(1, round(frac * cap)), cap}:
-        lay = layout(world.ep_size, cap, runtime, specs, c)
+        lay = world.layout(runtime)
         assert lay.dispatch_end <= size and lay.combine_end <= size
-    at_cap = layout(world.ep_size, cap, cap, specs, c)
-    assert size - at_cap.combine_end < 128  # the cap uses the workspace up to its padding
+    assert size - world.layout(cap).combine_end < 128  # the cap uses it up to its padding
 
 
 @given(world=worlds(moe=moe_configs))
 def test_one_row_past_the_cap_does_not_fit(world):
-    specs, d, c, size = _sizes(world)
-    over = layout(world.ep_size, world.max_num_tokens, world.max_num_tokens + 1, specs, c)
-    assert over.bytes_needed > size  # W * 2H >= 128 for every drawn H
+    over = world.layout(world.max_num_tokens + 1)
+    assert over.bytes_needed > world.workspace_size  # W * 2H >= 128 for every drawn H
 
 
 def test_layout_rejects_what_the_kernel_rejects():
-    specs = dispatch_payloads(PayloadFormat.BF16, 128, 8)
+    world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=8)
     with pytest.raises(ValueError, match="> 0"):
-        layout(2, 8, 0, specs, 256)
+        world.layout(0)

@@ -1,5 +1,5 @@
 """Tier ``gpu``: every EP rank of a generated world in one process on one GPU, through
-FlashInfer's real dispatch and combine kernels (``dispatcher/gpu_single.py``).
+FlashInfer's real dispatch and combine kernels (``dispatcher/gpu/single.py``).
 
 Per example: the sizing properties of the policy under test, the dispatcher's validation,
 then the round trip with the validated runtime: combine output equals the reference (bf16,
@@ -12,9 +12,10 @@ import multiprocessing as mp
 import pytest
 from hypothesis import event, example, given
 
-from dispatcher import properties
-from dispatcher.dispatcher import validate
-from dispatcher.world import MoeConfig, World
+from dispatcher.model import properties
+from dispatcher.model.parse import parse_world
+from dispatcher.model.validation import validate
+from dispatcher.model.world import MoeConfig, World
 from strategies import gpu_worlds, moe_configs, worlds
 
 pytestmark = pytest.mark.gpu
@@ -22,13 +23,13 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="session")
 def single_gpu():
-    from dispatcher.gpu_single import SingleGpuA2A
+    from dispatcher.gpu.single import SingleGpuA2A
 
     return SingleGpuA2A()
 
 
 def _report(world, values, rt, name):
-    return "; ".join(rt.problems()) + "\n" + properties.explain(world, values, name)
+    return "; ".join(rt.problems) + "\n" + properties.explain(world, values, name)
 
 
 @example(world=World(ep_size=2, dp_size=2, group_tokens=(9, 9), max_num_tokens=16,
@@ -38,10 +39,10 @@ def _report(world, values, rt, name):
 def test_real_round_trip(world, policy, policy_spec, single_gpu):
     values = properties.values_or_reject(policy, world, policy_spec)
     properties.check_all(world, values, policy_spec)
-    runtime = validate(values, world.views).runtime
+    runtime = validate(values, world.views)
     event(f"ep={world.ep_size} payload={world.moe.payload}")
     rt = single_gpu.run(world, [runtime] * world.ep_size)
-    assert not rt.problems(), _report(world, values, rt, policy_spec)
+    assert not rt.problems, _report(world, values, rt, policy_spec)
 
 
 @given(world=worlds(moe=moe_configs))
@@ -54,10 +55,10 @@ def test_byte_model_equals_flashinfer(world, single_gpu):
 def _undersized_in_a_throwaway_process(world_repr, runtime, q):
     """Runs FlashInfer with validation bypassed; a fault here must not kill the test process."""
     try:
-        from dispatcher.gpu_single import SingleGpuA2A
+        from dispatcher.gpu.single import SingleGpuA2A
 
-        world = eval(world_repr, {"World": World, "MoeConfig": MoeConfig})
-        q.put(("ran", SingleGpuA2A().run(world, [runtime] * world.ep_size).problems()))
+        world = parse_world(world_repr)
+        q.put(("ran", SingleGpuA2A().run(world, [runtime] * world.ep_size).problems))
     except Exception as exc:  # noqa: BLE001 - reported to the test
         q.put(("raised", f"{type(exc).__name__}: {exc}"))
 
@@ -93,6 +94,6 @@ def test_prefix_rule_rejected_in_sp_worlds(single_gpu):
                   moe=MoeConfig(hidden_size=128, top_k=8, num_experts=16))
     values = properties.rule_values(prefix_rule, world)
     assert values == [32] * 4 and world.ideal_runtime == 8
-    assert not single_gpu.run(world, values).problems()  # correct, just 4x the rows
+    assert not single_gpu.run(world, values).problems  # correct, just 4x the rows
     with pytest.raises(properties.PropertyViolation, match="tight"):
         properties.check_tight(world, values, "prefix_rule")

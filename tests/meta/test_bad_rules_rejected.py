@@ -1,30 +1,26 @@
 """Known-bad rules are rejected: for each one, Hypothesis finds a world where the property it
 breaks fails, and the shrunk counterexample reads well. A property that passes on everything
 protects nothing; these tests prove each one can fail."""
-import os
 import re
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, find, settings
-from hypothesis.errors import NoSuchExample
 
-from dispatcher import properties
-from dispatcher.emulator import round_trip
+from dispatcher.emulator.a2a import round_trip
+from dispatcher.model import properties
+from dispatcher.model.properties import breaks
 from dispatcher.mutants import MUTANTS
 from dispatcher.sizing import KNOWN_BAD_RULES, ideal_rule
 from strategies import a2a_worlds, worlds
+from strategies.search import assert_no_examples, minimal
 
 ROOT = Path(__file__).resolve().parents[2]
-FIND = settings(max_examples=2000, database=None, derandomize=True,
-                suppress_health_check=list(HealthCheck))
 RULES = {**KNOWN_BAD_RULES, **MUTANTS}
 
 # rule -> the properties it must be caught breaking
 EXPECTED = {
-    "prefix_rule": ["tight", "within-cap", "positive"],
+    "prefix_rule": ["tight", "within-cap", "positive", "no crash"],
     "seed_era_rule": ["tight", "positive"],
     "undersized": ["fits", "tight"],
     "rank_variant": ["rank-invariant", "fits"],
@@ -35,25 +31,10 @@ EXPECTED = {
 }
 
 
-def _breaks(rule, prop):
-    check = properties.PROPERTIES[prop]
-
-    def violated(world):
-        try:
-            values = properties.rule_values(rule, world)
-        except properties.RuleCrashed:  # fails the suite too, but not this property
-            return False
-        try:
-            check(world, values, rule.__name__)
-        except properties.PropertyViolation:
-            return True
-        return False
-    return violated
-
-
 @pytest.mark.parametrize("name, prop", [(n, p) for n, ps in EXPECTED.items() for p in ps])
 def test_bad_rule_breaks_property(name, prop):
-    world = find(worlds(), _breaks(RULES[name], prop), settings=FIND)
+    world = minimal(worlds(), breaks(RULES[name], prop))
+    assert world is not None, f"{name} was never caught breaking {prop}"
     assert world.ep_size <= 4, f"{name}/{prop} shrank only to {world!r}"
 
 
@@ -72,22 +53,15 @@ def _oversized(rule):
 
 def test_prefix_rule_caught_in_sp_world_without_dp_attention():
     """The famous bug: SP scatter, no DP attention, the pre-scatter count (attn_tp x)."""
-    world = find(worlds(), lambda w: not w.dp_attention and _oversized(RULES["prefix_rule"])(w),
-                 settings=FIND)
+    world = minimal(worlds(), lambda w: not w.dp_attention and _oversized(RULES["prefix_rule"])(w))
     assert world.attn_tp_size == world.ep_size == 2 and world.dp_global == (2,)
     assert properties.rule_values(RULES["prefix_rule"], world) == [2, 2]  # ideal: 1
 
 
 def test_seed_era_rule_oversized_only_with_dp_attention_and_attn_tp():
-    world = find(worlds(), _oversized(RULES["seed_era_rule"]), settings=FIND)
+    world = minimal(worlds(), _oversized(RULES["seed_era_rule"]))
     assert world.dp_attention and world.attn_tp_size > 1
     assert world.ep_size == 4 and world.dp_size == 2
-
-
-def test_prefix_rule_crashes_on_an_empty_dp_global():
-    world = find(worlds(), lambda w: w.dp_global == () and w.max_rows > 0, settings=FIND)
-    with pytest.raises(properties.RuleCrashed, match="ValueError"):
-        properties.rule_values(RULES["prefix_rule"], world)
 
 
 def test_undersized_rule_corrupts_the_emulated_a2a():
@@ -95,29 +69,29 @@ def test_undersized_rule_corrupts_the_emulated_a2a():
     def corrupted(world):
         values = properties.rule_values(RULES["undersized"], world)
         return world.max_rows >= 2 and not round_trip(world, values).exact
-    world = find(a2a_worlds(), corrupted, settings=FIND)
+    world = minimal(a2a_worlds(), corrupted)
     rt = round_trip(world, properties.rule_values(RULES["undersized"], world))
     assert rt.events and rt.mismatched_ranks()
 
 
-@pytest.mark.parametrize("prop", list(properties.PROPERTIES))
-def test_shipped_rule_has_no_counterexample(prop):
-    with pytest.raises(NoSuchExample):
-        find(worlds(), _breaks(ideal_rule, prop), settings=settings(FIND, max_examples=500))
+@pytest.mark.parametrize("column", properties.COLUMNS)
+def test_shipped_rule_has_no_counterexample(column):
+    assert_no_examples(worlds(), breaks(ideal_rule, column))
 
 
 @pytest.mark.parametrize("rule", ["prefix_rule", "dispatcher.mutants:undersized"])
-def test_suite_fails_end_to_end_with_a_readable_counterexample(rule):
+def test_suite_fails_end_to_end_with_a_readable_counterexample(pytester, rule, monkeypatch):
     """``pytest --policy=RULE`` on the CPU tier fails, printing a shrunk world in words and
-    the command that replays it."""
-    env = {**os.environ, "HYPOTHESIS_PROFILE": "ci", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
-         "-x", str(ROOT / "tests/cpu/test_sizing_properties.py"), f"--policy={rule}",
-         "-k", "tight", "-o", "addopts=--strict-markers"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
-    text = out.stdout + out.stderr
-    assert out.returncode == 1, text[-3000:]
+    the command that replays it (run through pytester, in a subprocess)."""
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
+    shutil.copy(ROOT / "conftest.py", pytester.path)
+    shutil.copytree(ROOT / "tests" / "cpu", pytester.path / "tests" / "cpu")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-x", "-k", "tight",
+        f"--policy={rule}", "tests/cpu/test_sizing_properties.py")
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, text[-3000:]
     assert re.search(r"(Falsifying|Failing) (explicit )?example", text), text[-3000:]
     assert "replay: python -m dispatcher --policy" in text
     assert "payload rows per EP rank" in text and "ideal:" in text
+

@@ -1,35 +1,33 @@
-"""Tier ``multi_gpu``: one OS process per EP rank (``dispatcher/rank_pool.py``), started once
+"""Tier ``multi_gpu``: one OS process per EP rank (``dispatcher/gpu/rank_pool.py``), started once
 per session per ep_size and fed worlds by queue; NCCL with one rank per GPU, gloo when ranks
 share GPUs. Same checks as the gpu tier, made on every rank."""
 import pytest
 from hypothesis import given
 
-from dispatcher import properties
-from dispatcher.world import MoeConfig, World
-from strategies import gpu_worlds
+from dispatcher.gpu.env import gpu_count
+from dispatcher.model import properties
+from dispatcher.model.world import MoeConfig, World
+from strategies import GPU_SHAPES, pool_worlds
 
 pytestmark = pytest.mark.multi_gpu
 
-CAPS = (64, 128)
-
 
 def _ep_sizes():
-    from conftest import gpu_count
-
     n = max(1, gpu_count())
     return [w for w in (2, 4, 8) if w <= 2 * n]
 
 
 @pytest.fixture(scope="session")
 def pools():
-    from conftest import gpu_count
-    from dispatcher.rank_pool import RankPool
+    from dispatcher.gpu.rank_pool import RankPool
 
     made = {}
 
     def get(ep_size):
         if ep_size not in made:
-            made[ep_size] = RankPool(ep_size, max(1, gpu_count()))
+            made[ep_size] = RankPool(ep_size, max(1, gpu_count()),
+                                     GPU_SHAPES.largest.dispatch_bytes,
+                                     GPU_SHAPES.largest.combine_bytes)
         return made[ep_size]
     yield get
     for pool in made.values():
@@ -40,7 +38,7 @@ def pools():
 def test_pool_round_trip(ep_size, pools, policy, policy_spec):
     pool = pools(ep_size)
 
-    @given(world=gpu_worlds(ep_sizes=[ep_size], max_blocks=8 * 64, cap_values=CAPS))
+    @given(world=pool_worlds(ep_size))
     def run(world):
         values = properties.values_or_reject(policy, world, policy_spec)
         properties.check_all(world, values, policy_spec)
@@ -50,7 +48,7 @@ def test_pool_round_trip(ep_size, pools, policy, policy_spec):
 
 
 def test_undersized_caught_through_real_kernels(pools):
-    from dispatcher.rank_pool import RemoteMismatch
+    from dispatcher.gpu.rank_pool import RemoteMismatch
 
     pool = pools(2)
     world = World(ep_size=2, dp_size=2, group_tokens=(9, 9), max_num_tokens=64,
@@ -61,7 +59,7 @@ def test_undersized_caught_through_real_kernels(pools):
 
 
 def test_validation_refuses_before_any_kernel(pools):
-    from dispatcher.rank_pool import RemoteSizingError
+    from dispatcher.gpu.rank_pool import RemoteSizingError
 
     pool = pools(2)
     world = World(ep_size=2, dp_size=2, group_tokens=(9, 3), max_num_tokens=64)
@@ -71,7 +69,7 @@ def test_validation_refuses_before_any_kernel(pools):
 
 
 def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt(pools):
-    from dispatcher.rank_pool import RankCrashed
+    from dispatcher.gpu.rank_pool import RankCrashed
 
     pool = pools(2)
     world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=64)

@@ -1,7 +1,7 @@
 """SGLang's own ``FlashinferDispatcher.dispatch()``, unmodified, from pinned releases (files
-fetched from PyPI with ``pip download --no-deps`` and cached in ``.sglang/``).
+fetched from PyPI with ``pip download --no-deps``, verified and cached in ``.sglang/``).
 
-EXPECTED is the verdict table of the README, measured with
+EXPECTED is the verdict table of docs/sglang.md, measured with
 ``python -m dispatcher.sglang_verdicts``; these tests re-measure it on every run, so a change
 in the adapter or in the world model that would change a verdict is caught. Run the whole
 CPU tier against any checkout with ``pytest -n auto --policy=sglang:PATH``.
@@ -10,15 +10,16 @@ import pytest
 
 pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
-from hypothesis import HealthCheck, event, find, given, reject, settings
-from hypothesis.errors import NoSuchExample
+from hypothesis import event, given, reject, settings  # noqa: E402
 
-from dispatcher import properties
-from dispatcher.policies import load_policy
-from dispatcher.sglang_adapter import SGLangContext, load_release
-from dispatcher.sglang_verdicts import COLUMNS, _violates
-from dispatcher.world import MoeConfig, World
-from strategies import sglang_contexts, worlds
+from dispatcher.model import properties  # noqa: E402
+from dispatcher.model.properties import COLUMNS, breaks  # noqa: E402
+from dispatcher.model.sglang_context import SGLangContext  # noqa: E402
+from dispatcher.model.world import MoeConfig, World  # noqa: E402
+from dispatcher.policies import PolicyError, load_policy  # noqa: E402
+from dispatcher.sglang.loader import load_release  # noqa: E402
+from strategies import sglang_contexts, worlds  # noqa: E402
+from strategies.search import minimal  # noqa: E402
 
 # release -> the properties it breaks (decode mode). 0.5.10 is before SGLang PR #25685.
 EXPECTED = {
@@ -27,25 +28,23 @@ EXPECTED = {
     "0.5.16": {"within-cap", "tight"},
     "0.5.23": set(),
 }
-SEARCH = settings(max_examples=300, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(scope="session")
 def releases():
-    return {v: load_policy(f"sglang:{v}")[1] for v in EXPECTED}
+    try:
+        return {v: load_policy(f"sglang:{v}")[1] for v in EXPECTED}
+    except PolicyError as exc:
+        pytest.skip(f"SGLang releases unavailable: {exc}")
 
 
 @pytest.mark.parametrize("version", list(EXPECTED))
 @pytest.mark.parametrize("column", COLUMNS)
 def test_release_verdict(releases, version, column):
     release = releases[version]
-    budget = settings(SEARCH, max_examples=1500) if column in EXPECTED[version] else SEARCH
-    try:
-        world = find(worlds(), _violates(release, column), settings=budget)
-    except NoSuchExample:
-        world = None
-    if column in EXPECTED[version]:
+    broken = column in EXPECTED[version]
+    world = minimal(worlds(), breaks(release, column), 1500 if broken else 300)
+    if broken:
         assert world is not None, f"{version} no longer breaks {column}: update the table"
         assert world.ep_size <= 4, f"shrank only to {world!r}"
     else:
@@ -56,8 +55,7 @@ def test_pre_25685_release_fails_with_a_shrunk_sp_counterexample(releases):
     """The famous bug, through SGLang 0.5.10's own code: SP scatter without DP attention,
     the pre-scatter count passed as the runtime."""
     release = releases["0.5.10"]
-    world = find(worlds(), lambda w: not w.dp_attention and _violates(release, "tight")(w),
-                 settings=SEARCH)
+    world = minimal(worlds(), lambda w: not w.dp_attention and breaks(release, "tight")(w), 300)
     assert world.attn_tp_size == world.ep_size == 2 and world.dp_global == (2,)
     assert properties.rule_values(release, world) == [2, 2] and world.ideal_runtime == 1
 
@@ -121,8 +119,8 @@ def test_newest_release_in_every_forward_mode(releases, world, ctx):
 
 def test_newest_release_prefill_rejects_an_empty_dp_global(releases):
     """Found by the test above: 0.5.23's prefill all-gather treats ``dp_global == []`` as a
-    list of no sources (DESIGN.md: an empty list must be handled like None) and raises, where
-    decode handles it. Pinned as measured, so a fix upstream shows up here."""
+    list of no sources (an empty list must be handled like None) and raises, where decode
+    handles it. Pinned as measured, so a fix upstream shows up here."""
     world = World(ep_size=1, dp_size=1, group_tokens=(1,), max_num_tokens=1, dp_global_kind="empty")
     extend = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="extend"))
     decode = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="decode"))

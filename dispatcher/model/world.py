@@ -1,4 +1,4 @@
-"""The serving world the dispatcher lives in (SGLang's model; ../shared/DESIGN.md section 1).
+"""The serving world the dispatcher lives in (SGLang's model; docs/model.md).
 
 A ``World`` is one forward step of one MoE layer across all EP ranks: the topology, what the
 scheduler recorded, the cap, and the MoE shapes. Everything a rank sees (``RankView``) and
@@ -10,10 +10,12 @@ from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
 from typing import Optional, Tuple
 
-from .sizing import RankView, ceil_align
-from .workspace import SUPPORTED_TOP_K, PayloadFormat
+from ..sizing import RankView, ceil_align
+from .workspace import (SUPPORTED_TOP_K, Layout, PayloadFormat, PayloadSpec,
+                        combine_bytes_per_token, dispatch_payloads, layout,
+                        workspace_size_per_rank)
 
-__all__ = ["MoeConfig", "World", "DP_GLOBAL_KINDS", "ROUTINGS", "expert_owner", "owned_experts"]
+__all__ = ["MoeConfig", "World", "DP_GLOBAL_KINDS", "ROUTINGS", "owned_experts", "owners_of"]
 
 DP_GLOBAL_KINDS = ("recorded", "none", "empty")
 ROUTINGS = ("uniform", "hot_rank")
@@ -26,13 +28,24 @@ def owned_experts(rank: int, num_experts: int, ep_size: int) -> range:
     return range(start, start + base + (1 if rank < rem else 0))
 
 
-def expert_owner(expert_id: int, num_experts: int, ep_size: int) -> int:
-    """``compute_target_rank_id`` from FlashInfer's dispatch kernel."""
+def owners_of(expert_ids, num_experts: int, ep_size: int):
+    """The EP rank owning each expert id (``compute_target_rank_id`` in FlashInfer's dispatch
+    kernel); ids outside ``[0, num_experts)`` (stale rows) map to -1. ``expert_ids`` is a
+    numpy array or a torch tensor: the arithmetic below is written once for both."""
     base, rem = divmod(num_experts, ep_size)
     split = rem * (base + 1)
-    if expert_id < split:
-        return expert_id // (base + 1)
-    return rem + (expert_id - split) // base
+    e = expert_ids.astype("int64") if hasattr(expert_ids, "astype") else expert_ids.long()
+    low = e < split
+    own = low * (e // (base + 1)) + ~low * (rem + (e - split) // max(base, 1))
+    valid = (e >= 0) & (e < num_experts)
+    return valid * (own + 1) - 1
+
+
+def _require_ints(obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if type(value) is not int:
+            raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
 
 
 def _short_repr(obj) -> str:
@@ -59,6 +72,9 @@ class MoeConfig:
     seed: int = 0
 
     def __post_init__(self):
+        _require_ints(self, "hidden_size", "top_k", "num_experts", "seed")
+        if self.hidden_size < 1 or self.hidden_size % 2:
+            raise ValueError(f"hidden_size={self.hidden_size} must be a positive even number")
         if self.top_k not in SUPPORTED_TOP_K:
             raise ValueError(f"top_k={self.top_k} not in FlashInfer's {SUPPORTED_TOP_K}")
         if self.routing not in ROUTINGS:
@@ -68,6 +84,19 @@ class MoeConfig:
     @property
     def payload_format(self) -> PayloadFormat:
         return PayloadFormat(self.payload)
+
+    @property
+    def payloads(self) -> Tuple[PayloadSpec, ...]:
+        """What a dispatcher hands to ``moe_a2a_dispatch``, in order (bytes per token)."""
+        return dispatch_payloads(self.payload_format, self.hidden_size, self.top_k)
+
+    @property
+    def dispatch_bytes(self) -> int:
+        return sum(p.bytes_per_token for p in self.payloads)
+
+    @property
+    def combine_bytes(self) -> int:
+        return combine_bytes_per_token(self.hidden_size)
 
     __repr__ = _short_repr
 
@@ -94,6 +123,12 @@ class World:
     moe: MoeConfig = field(default_factory=MoeConfig)
 
     def __post_init__(self):
+        _require_ints(self, "ep_size", "dp_size", "max_num_tokens")
+        if not (isinstance(self.group_tokens, tuple)
+                and all(type(n) is int for n in self.group_tokens)):
+            raise ValueError(f"group_tokens must be a tuple of ints, got {self.group_tokens!r}")
+        if not isinstance(self.moe, MoeConfig):
+            raise ValueError(f"moe must be a MoeConfig, got {type(self.moe).__name__}")
         if not 1 <= self.ep_size <= 64:
             raise ValueError(f"ep_size={self.ep_size} outside FlashInfer's 1..64")
         if self.dp_size < 1 or self.ep_size % self.dp_size:
@@ -127,9 +162,6 @@ class World:
     @property
     def dp_attention(self) -> bool:
         return self.dp_size > 1
-
-    def dp_group(self, ep_rank: int) -> int:
-        return ep_rank // self.attn_tp_size
 
     # --- what the scheduler and the scatter produce ----------------------------------------
     @cached_property
@@ -167,6 +199,17 @@ class World:
     def payload_fits_cap(self) -> bool:
         """Whether a valid runtime exists at all (every rank's rows fit the workspace cap)."""
         return self.max_rows <= self.max_num_tokens
+
+    @property
+    def workspace_size(self) -> int:
+        """Bytes per rank FlashInfer's workspace has for this world's cap and MoE shapes."""
+        return workspace_size_per_rank(self.ep_size, self.max_num_tokens,
+                                       self.moe.dispatch_bytes, self.moe.combine_bytes)
+
+    def layout(self, runtime: int) -> Layout:
+        """Where one dispatch + combine with ``runtime`` rows puts things in a workspace."""
+        return layout(self.ep_size, self.max_num_tokens, runtime, self.moe.payloads,
+                      self.moe.combine_bytes)
 
     def rank_view(self, ep_rank: int) -> RankView:
         return RankView(ep_rank=ep_rank, ep_size=self.ep_size, dp_size=self.dp_size,

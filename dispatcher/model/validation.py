@@ -1,24 +1,28 @@
-"""The dispatcher: size with a policy, validate on every rank, only then launch.
+"""Validation before launch: every rank's value checked against every rank's payload.
 
-``plan`` is what every dispatcher in this suite (CPU model, single-GPU, multi-GPU) runs before
-a kernel: all ranks' values are computed and checked together, so a bad value is a specific
+``validate`` is what every dispatcher in this suite (CPU model, single-GPU, multi-GPU) runs
+before a kernel: all ranks' values are checked together, so a bad value is a specific
 exception with an actionable message, never a silent overwrite in FlashInfer.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Sequence
 
-from .sizing import Policy, RankView
+from ..sizing import Policy, RankView
 
-__all__ = ["CAP_ENV", "A2ASizingError", "RuntimeDisagreement", "NonPositiveRuntime",
-           "CapExceeded", "PayloadExceedsRuntime", "RuntimePlan", "plan", "validate"]
+__all__ = ["CAP_ENV", "A2ASizingError", "NotAnInteger", "RuntimeDisagreement",
+           "NonPositiveRuntime", "CapExceeded", "PayloadExceedsRuntime", "require_int",
+           "plan", "validate"]
 
 CAP_ENV = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
 
 class A2ASizingError(ValueError):
     """No kernel may be launched with this runtime_max_tokens_per_rank."""
+
+
+class NotAnInteger(A2ASizingError):
+    """The runtime is not a Python ``int`` (FlashInfer's op takes an int64 scalar)."""
 
 
 class RuntimeDisagreement(A2ASizingError):
@@ -37,29 +41,35 @@ class PayloadExceedsRuntime(A2ASizingError):
     """A rank holds more rows than runtime: FlashInfer would write past its slots, silently."""
 
 
-@dataclass(frozen=True)
-class RuntimePlan:
-    runtime: int
-    rows_per_rank: Tuple[int, ...]
-    max_num_tokens: int
+def require_int(value) -> int:
+    """The one place the runtime's type is decided: a Python ``int`` (``bool`` excluded).
+
+    FlashInfer's ``MoeAlltoAll.dispatch`` compares the value with the cap in Python and hands
+    it to an FFI op taking an int64; SGLang computes it from Python ints. A float, a numpy
+    scalar or a tensor is a different value in a different place (a 0-d tensor compares
+    fine and then fails in the FFI; ``3.0 <= cap`` passes the assert), so none is accepted.
+    """
+    if type(value) is not int:
+        raise NotAnInteger(
+            f"runtime_max_tokens_per_rank must be a Python int, got {type(value).__name__} "
+            f"{value!r}; return int(...) from the rule")
+    return value
 
 
-def validate(values: Sequence[int], views: Sequence[RankView]) -> RuntimePlan:
-    """Check every rank's value against every rank's payload, before anything is launched."""
+def validate(values: Sequence[int], views: Sequence[RankView]) -> int:
+    """Check every rank's value against every rank's payload, before anything is launched;
+    return the runtime all ranks agreed on."""
     rows = tuple(v.local_tokens for v in views)
     cap = views[0].max_num_tokens
-    distinct = sorted(set(values))
+    distinct = sorted(set(values), key=repr)
     if len(distinct) > 1:
         by_value = {x: [r for r, y in enumerate(values) if y == x] for x in distinct}
         raise RuntimeDisagreement(
             "EP ranks disagree on runtime_max_tokens_per_rank: "
-            + ", ".join(f"{x} on ranks {_ranks(rs)}" for x, rs in by_value.items())
+            + ", ".join(f"{x!r} on ranks {_ranks(rs)}" for x, rs in by_value.items())
             + ". Every rank must pass the same value (derive it from data all ranks share, "
               "e.g. dp_global, never from a rank's own x.shape[0] when ranks differ).")
-    runtime = values[0]
-    if not isinstance(runtime, int) or isinstance(runtime, bool):
-        raise A2ASizingError(f"runtime_max_tokens_per_rank must be an int, got "
-                             f"{type(runtime).__name__} {runtime!r}")
+    runtime = require_int(values[0])
     biggest = max(rows)
     if runtime < 1:
         raise NonPositiveRuntime(
@@ -82,10 +92,10 @@ def validate(values: Sequence[int], views: Sequence[RankView]) -> RuntimePlan:
             f"(x.shape[0]) of ranks {_ranks(short)} (largest {biggest}); FlashInfer would "
             f"silently write past those ranks' slots. Size from post-scatter rows: "
             f"ceil(max(dp_global) / attn_tp_size).")
-    return RuntimePlan(runtime, rows, cap)
+    return runtime
 
 
-def plan(policy: Policy, views: Sequence[RankView]) -> RuntimePlan:
+def plan(policy: Policy, views: Sequence[RankView]) -> int:
     """Run ``policy`` on every rank's view and validate the result."""
     return validate([policy(v) for v in views], views)
 

@@ -13,57 +13,26 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
+from ..emulator.a2a import POISON, expected_recv_counts
+from ..emulator.inputs import make_inputs, reference_outputs
+from ..model.workspace import aux_offsets, aux_size
+from ..model.world import World
 from . import torch_ops
-from .emulator import POISON, expected_recv_counts
-from .flashinfer_a2a import comm, metainfo_index, module
-from .inputs import make_inputs, reference_outputs
-from .workspace import (aux_offsets, aux_size, combine_bytes_per_token, dispatch_payloads,
-                        layout, workspace_size_per_rank)
-from .world import World
+from .checks import rank_problems
+from .flashinfer import comm, metainfo_index, module
+
+__all__ = ["SingleGpuA2A", "GpuRoundTrip", "GUARD"]
 
 GUARD = 4096
 GUARD_BYTE = 0x5A
-# bf16 tolerance: both sides round each expert row to bf16 once and sum exactly in fp32, so a
-# correct A2A matches the reference bit for bit; allow half a bf16 ulp of the largest value.
-RTOL, ATOL = 2.0 ** -8, 0.0
 
 
 @dataclass(frozen=True)
 class GpuRoundTrip:
-    outputs: Tuple[np.ndarray, ...]
-    reference: Tuple[np.ndarray, ...]
-    recv_counts: np.ndarray  # [target, source] read from each rank's recv_counters
-    expected_counts: np.ndarray
-    guards_intact: bool
-    stale_rows_poisoned: bool  # rows past every sender's count still hold the poison
+    problems: Tuple[str, ...]  # empty when every rank's round trip was exact
     byte_model: Dict[str, Tuple[int, int]]  # name -> (ours, FlashInfer's)
-
-    def mismatched_ranks(self) -> List[int]:
-        bad = []
-        for r, (o, e) in enumerate(zip(self.outputs, self.reference)):
-            if o.shape != e.shape or not np.allclose(o, e, rtol=RTOL, atol=ATOL):
-                bad.append(r)
-        return bad
-
-    def byte_model_mismatches(self) -> Dict[str, Tuple[int, int]]:
-        return {k: v for k, v in self.byte_model.items() if v[0] != v[1]}
-
-    def problems(self) -> List[str]:
-        p = []
-        if self.mismatched_ranks():
-            p.append(f"combine output differs from the reference on ranks {self.mismatched_ranks()}")
-        if not np.array_equal(self.recv_counts, self.expected_counts):
-            p.append(f"recv counts {self.recv_counts.tolist()} != model {self.expected_counts.tolist()}")
-        if not self.guards_intact:
-            p.append("guard bytes after a rank's workspace were overwritten")
-        if not self.stale_rows_poisoned:
-            p.append("rows past a sender's count were written (a stray write landed in a slot)")
-        if self.byte_model_mismatches():
-            p.append(f"byte model != FlashInfer: {self.byte_model_mismatches()}")
-        return p
 
 
 class SingleGpuA2A:
@@ -98,13 +67,11 @@ class SingleGpuA2A:
     def byte_model(self, world: World) -> Dict[str, Tuple[int, int]]:
         """Our byte model next to FlashInfer's own numbers for this config."""
         _, ops = comm()
-        moe = world.moe
-        specs = dispatch_payloads(moe.payload_format, moe.hidden_size, moe.top_k)
-        d, c = sum(p.bytes_per_token for p in specs), combine_bytes_per_token(moe.hidden_size)
-        W, cap = world.ep_size, world.max_num_tokens
+        moe, W, cap = world.moe, world.ep_size, world.max_num_tokens
+        theirs = ops.moe_a2a_get_workspace_size_per_rank(W, cap, moe.dispatch_bytes,
+                                                         moe.combine_bytes)
         return {
-            "workspace_size_per_rank": (workspace_size_per_rank(W, cap, d, c),
-                                        int(ops.moe_a2a_get_workspace_size_per_rank(W, cap, d, c))),
+            "workspace_size_per_rank": (world.workspace_size, int(theirs)),
             "aux_size": (aux_size(W, cap), int(module().moe_a2a_get_aux_data_size(W, cap, 0))),
         }
 
@@ -113,10 +80,8 @@ class SingleGpuA2A:
         validation here: the caller decides; FlashInfer's own checks still apply)."""
         _, ops = comm()
         moe, W, cap = world.moe, world.ep_size, world.max_num_tokens
-        fmt = moe.payload_format
-        specs = dispatch_payloads(fmt, moe.hidden_size, moe.top_k)
-        c = combine_bytes_per_token(moe.hidden_size)
-        size = workspace_size_per_rank(W, cap, sum(p.bytes_per_token for p in specs), c)
+        specs = moe.payloads
+        size = world.workspace_size
         full, ws, metainfo = self._workspace(W, cap, size)
         aux = aux_offsets(W, cap)
         model = self.byte_model(world)
@@ -148,22 +113,10 @@ class SingleGpuA2A:
                 recv.append(out)
         for s in streams:
             main.wait_stream(s)
-        lay = layout(W, cap, runtimes[0], specs, c)
-        model["combine_payload_offset"] = (lay.combine_offset, int(combine_offsets[0]))
+        model["combine_payload_offset"] = (world.layout(runtimes[0]).combine_offset,
+                                           int(combine_offsets[0]))
         counts = ws[:, aux.recv_counters:aux.recv_counters + 4 * W].contiguous().view(torch.int32)
-        expected = expected_recv_counts(world, inputs)
-        stale_ok = self._stale_rows_poisoned(recv, expected, runtimes)
-        # stand-in MoE on every target rank at once when runtimes agree, else per rank
-        n_hidden = len(specs) - 2
-        outs = []
-        for r in range(W):
-            planes = [p.reshape(W * runtimes[r], -1) for p in recv[r]]
-            x = torch_ops.decode_hidden(planes[:n_hidden], fmt, moe.hidden_size)
-            e = planes[n_hidden].contiguous().view(torch.int32)
-            w = planes[n_hidden + 1].contiguous().view(torch.float32)
-            y = torch_ops.stand_in_moe(x[None], e[None], w[None],
-                                       torch.tensor([r], device=self.device), moe.num_experts, W)
-            outs.append(y.view(W, runtimes[r], moe.hidden_size))
+        outs = [torch_ops.expert_outputs(recv[r], runtimes[r], moe, r, W) for r in range(W)]
         for s in streams:
             s.wait_stream(main)
         results = []
@@ -174,20 +127,15 @@ class SingleGpuA2A:
                     moe.top_k, combine_offsets[r]))
         for s in streams:
             main.wait_stream(s)
-        guards = bool((full[:, size:] == GUARD_BYTE).all().item())
-        host = [t.float().cpu().numpy() for t in results]
-        return GpuRoundTrip(tuple(host), tuple(ref), counts.cpu().numpy().astype(np.int64),
-                            expected, guards, stale_ok, model)
-
-    @staticmethod
-    def _stale_rows_poisoned(recv, expected, runtimes) -> bool:
-        """On each target, rows [count, R) of each source slot still hold POISON."""
-        for t, planes in enumerate(recv):
-            R = runtimes[t]
-            row = torch.arange(R, device=planes[0].device)
-            stale = row[None, :] >= torch.as_tensor(expected[t], device=row.device)[:, None]
-            for p in planes:
-                rows = p.contiguous().view(torch.uint8).reshape(p.shape[0], R, -1)
-                if not bool(((rows == POISON).all(-1) | ~stale).all().item()):
-                    return False
-        return True
+        problems = []
+        if not bool((full[:, size:] == GUARD_BYTE).all().item()):
+            problems.append("guard bytes after a rank's workspace were overwritten")
+        expected = expected_recv_counts(world, inputs)
+        host_counts = counts.cpu().numpy()
+        for r in range(W):
+            problems += rank_problems(r, recv[r], runtimes[r], host_counts[r], expected[r],
+                                      results[r].float().cpu().numpy(), ref[r])
+        wrong = {k: v for k, v in model.items() if v[0] != v[1]}
+        if wrong:
+            problems.append(f"byte model != FlashInfer: {wrong}")
+        return GpuRoundTrip(tuple(problems), model)

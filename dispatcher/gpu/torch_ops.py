@@ -1,12 +1,14 @@
-"""The stand-in MoE and payload decoding in torch, for the GPU tiers (same maths as
-``dispatcher.inputs``, batched over ranks). Imported only where torch is."""
+"""The stand-in MoE and payload decoding in torch, for the GPU tiers: the same maths as
+``dispatcher/emulator/inputs.py`` (a CPU test keeps the two equal)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .workspace import PayloadFormat
+from ..model.workspace import PayloadFormat
+from ..model.world import MoeConfig, owners_of
 
-__all__ = ["decode_hidden", "owners_of", "stand_in_moe", "to_torch_rows", "typed"]
+__all__ = ["decode_hidden", "stand_in_moe", "expert_outputs", "to_torch_rows", "typed"]
 
 
 def decode_hidden(planes, fmt: PayloadFormat, hidden_size: int) -> torch.Tensor:
@@ -22,14 +24,6 @@ def decode_hidden(planes, fmt: PayloadFormat, hidden_size: int) -> torch.Tensor:
     return torch.stack([lo, hi], dim=-1).flatten(-2).float()
 
 
-def owners_of(expert_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
-    base, rem = divmod(num_experts, ep_size)
-    split = rem * (base + 1)
-    e = expert_ids.long()
-    own = torch.where(e < split, e // (base + 1), rem + (e - split) // max(base, 1))
-    return torch.where((e >= 0) & (e < num_experts), own, torch.full_like(own, -1))
-
-
 def stand_in_moe(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
                  ep_ranks: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
     """``x`` [T, M, H], ids/weights [T, M, K], ``ep_ranks`` [T]: each target rank's bf16 output
@@ -38,6 +32,19 @@ def stand_in_moe(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tenso
     scale = 1.0 + (expert_ids.long() % 3).float()
     s = torch.where(mine, weights * scale, torch.zeros_like(weights)).sum(-1, keepdim=True)
     return (x * s).to(torch.bfloat16)
+
+
+def expert_outputs(recv, runtime: int, moe: MoeConfig, rank, ep_size: int) -> torch.Tensor:
+    """What EP rank ``rank``'s experts return for the planes it received (``[W, R, bytes]``
+    each, FlashInfer's order): ``[W, R, H]`` bf16, the tensor combine is handed."""
+    planes = [p.reshape(ep_size * runtime, -1) for p in recv]
+    n_hidden = len(planes) - 2
+    x = decode_hidden(planes[:n_hidden], moe.payload_format, moe.hidden_size)
+    ids = planes[n_hidden].contiguous().view(torch.int32)
+    w = planes[n_hidden + 1].contiguous().view(torch.float32)
+    ranks = torch.tensor([rank], device=x.device)
+    y = stand_in_moe(x[None], ids[None], w[None], ranks, moe.num_experts, ep_size)
+    return y.view(ep_size, runtime, moe.hidden_size)
 
 
 DTYPES = {"hidden_states": torch.bfloat16, "topk_ids": torch.int32, "topk_weights": torch.float32}

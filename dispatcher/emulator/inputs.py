@@ -4,7 +4,7 @@ Values are chosen so that every step is exact: hidden values are small integers,
 quarters, the stand-in expert scales by a small integer, so the bf16 expert output is rounded
 once (RNE) and the fp32 sum over at most ``min(top_k, ep_size)`` such rows is exact whatever
 the order. Any correct all-to-all therefore reproduces ``reference`` bit for bit; the GPU tiers
-reuse the same definitions through ``torch``.
+run the same maths in torch (``dispatcher/gpu/torch_ops.py``; a CPU test keeps the two equal).
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import List, Tuple
 
 import numpy as np
 
-from .workspace import PayloadFormat, dispatch_payloads
-from .world import World, expert_owner, owned_experts
+from ..model.workspace import PayloadFormat
+from ..model.world import World, owned_experts, owners_of
 
 __all__ = ["RankInputs", "make_inputs", "encode_hidden", "decode_hidden", "expert_scale",
-           "stand_in_moe", "reference_outputs", "to_bf16_bits", "from_bf16_bits", "owners_of"]
+           "stand_in_moe", "reference_outputs", "to_bf16_bits", "from_bf16_bits"]
 
 X_MIN, X_MAX = -4, 3  # fits signed int4 (NVFP4 stand-in), int8 (MXFP8) and bf16 exactly
 WEIGHTS = np.array([0.25, 0.5, 0.75, 1.0], dtype=np.float32)
@@ -102,7 +102,7 @@ def make_inputs(world: World) -> List[RankInputs]:
     moe = world.moe
     fmt = moe.payload_format
     rng = np.random.default_rng(moe.seed)
-    specs = dispatch_payloads(fmt, moe.hidden_size, moe.top_k)
+    specs = moe.payloads
     out = []
     for n in world.rows_per_rank:
         x = rng.integers(X_MIN, X_MAX + 1, (n, moe.hidden_size)).astype(np.float32)
@@ -114,15 +114,6 @@ def make_inputs(world: World) -> List[RankInputs]:
         out.append(RankInputs(x, ids, w, tuple(np.ascontiguousarray(r) for r in rows),
                               owners_of(ids, moe.num_experts, world.ep_size)))
     return out
-
-
-def owners_of(expert_ids: np.ndarray, num_experts: int, ep_size: int) -> np.ndarray:
-    """Vectorised ``expert_owner``; ids outside [0, E) (stale rows) map to -1."""
-    base, rem = divmod(num_experts, ep_size)
-    split = rem * (base + 1)
-    e = expert_ids.astype(np.int64)
-    own = np.where(e < split, e // (base + 1), rem + (e - split) // max(base, 1))
-    return np.where((e >= 0) & (e < num_experts), own, -1)
 
 
 def stand_in_moe(x: np.ndarray, expert_ids: np.ndarray, weights: np.ndarray, ep_rank,
@@ -152,5 +143,3 @@ def reference_outputs(world: World, inputs: List[RankInputs]) -> List[np.ndarray
         outs.append(from_bf16_bits(to_bf16_bits(acc)))
     return outs
 
-
-assert expert_owner(5, 10, 3) == owners_of(np.array([5]), 10, 3)[0]

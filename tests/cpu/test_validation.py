@@ -1,12 +1,14 @@
 """The dispatcher validates on every rank before launching: right error, actionable message."""
+import numpy as np
 import pytest
 from hypothesis import given
 
-from dispatcher.dispatcher import (CAP_ENV, A2ASizingError, CapExceeded, NonPositiveRuntime,
-                                   PayloadExceedsRuntime, RuntimeDisagreement, plan, validate)
-from dispatcher import properties
+from dispatcher.model import properties
+from dispatcher.model.validation import (CAP_ENV, A2ASizingError, CapExceeded, NonPositiveRuntime,
+                                         NotAnInteger, PayloadExceedsRuntime, RuntimeDisagreement,
+                                         plan, require_int, validate)
+from dispatcher.model.world import World
 from dispatcher.sizing import ideal_rule
-from dispatcher.world import World
 from strategies import worlds
 
 
@@ -15,8 +17,8 @@ def test_policy_value_passes_validation_when_a_valid_runtime_exists(world, polic
     """Whenever every payload fits the cap, the rule's values launch (no sizing error)."""
     values = properties.values_or_reject(policy, world, policy_spec)
     if world.payload_fits_cap:
-        p = validate(values, world.views)
-        assert world.max_rows <= p.runtime <= world.max_num_tokens
+        runtime = validate(values, world.views)
+        assert world.max_rows <= runtime <= world.max_num_tokens
     else:
         with pytest.raises(A2ASizingError):
             validate(values, world.views)
@@ -26,7 +28,7 @@ def test_policy_value_passes_validation_when_a_valid_runtime_exists(world, polic
 def test_no_valid_runtime_raises_cap_exceeded_naming_the_env(world):
     """With the shipped rule, a payload over the cap is CapExceeded naming the cap env."""
     if world.payload_fits_cap:
-        assert plan(ideal_rule, world.views).runtime == world.ideal_runtime
+        assert plan(ideal_rule, world.views) == world.ideal_runtime
     else:
         with pytest.raises(CapExceeded, match=CAP_ENV) as info:
             plan(ideal_rule, world.views)
@@ -43,7 +45,7 @@ def test_cap_boundary_exact(over):
         with pytest.raises(CapExceeded, match=CAP_ENV):
             plan(ideal_rule, world.views)
     else:
-        assert plan(ideal_rule, world.views).runtime == cap
+        assert plan(ideal_rule, world.views) == cap
 
 
 WORLD = World(ep_size=4, dp_size=2, group_tokens=(6, 2), max_num_tokens=8)  # rows [3,3,1,1]
@@ -54,8 +56,8 @@ WORLD = World(ep_size=4, dp_size=2, group_tokens=(6, 2), max_num_tokens=8)  # ro
     ([0, 0, 0, 0], NonPositiveRuntime, "max(1"),
     ([2, 2, 2, 2], PayloadExceedsRuntime, "ranks [0, 1]"),
     ([9, 9, 9, 9], CapExceeded, "oversized"),
-    ([3.0, 3.0, 3.0, 3.0], A2ASizingError, "must be an int"),
-    ([True] * 4, A2ASizingError, "must be an int"),
+    ([3.0, 3.0, 3.0, 3.0], NotAnInteger, "must be a Python int"),
+    ([True] * 4, NotAnInteger, "must be a Python int"),
 ])
 def test_each_bad_value_gets_its_own_error(values, error, words):
     with pytest.raises(error) as info:
@@ -64,6 +66,15 @@ def test_each_bad_value_gets_its_own_error(values, error, words):
 
 
 def test_errors_are_value_errors_distinct_types():
-    kinds = {RuntimeDisagreement, NonPositiveRuntime, CapExceeded, PayloadExceedsRuntime}
+    kinds = {RuntimeDisagreement, NonPositiveRuntime, CapExceeded, PayloadExceedsRuntime,
+             NotAnInteger}
     assert all(issubclass(k, A2ASizingError) and issubclass(k, ValueError) for k in kinds)
-    assert len({k.__name__ for k in kinds}) == 4
+    assert len({k.__name__ for k in kinds}) == 5
+
+
+@pytest.mark.parametrize("value", [3.0, None, "3", True, [3], np.int64(3)])
+def test_only_a_python_int_is_a_runtime(value):
+    """The runtime's type is decided in one place (``require_int``), for every tier."""
+    with pytest.raises(NotAnInteger, match=type(value).__name__):
+        require_int(value)
+    assert require_int(3) == 3

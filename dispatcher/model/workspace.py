@@ -14,7 +14,6 @@ from typing import Tuple
 __all__ = [
     "ALIGN",
     "MAX_TOP_K",
-    "MAX_RANKS",
     "MAX_PAYLOADS",
     "SUPPORTED_TOP_K",
     "PayloadFormat",
@@ -31,7 +30,6 @@ __all__ = [
 
 ALIGN = 128  # kCachelineAlignment
 MAX_TOP_K = 22  # kMaxTopK
-MAX_RANKS = 64  # kMaxRanks
 MAX_PAYLOADS = 6  # kMaxPayloads
 SUPPORTED_TOP_K = (1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 22)  # the kernel's TOP_K switch
 INT32 = 4
@@ -167,16 +165,6 @@ class Layout:
     def bytes_needed(self) -> int:
         """The bytes one dispatch + combine pair touches in each rank's workspace."""
         return max(self.dispatch_end, self.combine_end)
-
-    def slot(self, payload: int, source_rank: int) -> Tuple[int, int]:
-        """[start, end) of ``source_rank``'s rows of payload ``payload`` in a receiver."""
-        b = self.payloads[payload].bytes_per_token
-        start = self.recv_offsets[payload] + source_rank * self.runtime * b
-        return start, start + self.runtime * b
-
-    def combine_slot(self, source_rank: int) -> Tuple[int, int]:
-        start = self.combine_offset + source_rank * self.runtime * self.combine_bytes
-        return start, start + self.runtime * self.combine_bytes
 
 
 def layout(ep_size: int, max_num_tokens: int, runtime: int, payloads: Tuple[PayloadSpec, ...],

@@ -5,27 +5,27 @@ token's payload rows to ``recv_plane[target][payload] + (src_rank * R + send_ind
 exactly as ``vectorized_dispatch_impl`` does, with ``R`` the *sender's* runtime, one copy per
 distinct target rank (duplicates collapse, as ``__match_any_sync`` does); combine reads the
 target's staged expert output at ``combine_offset + (src_rank * R + send_index) * bytes``. So
-an undersized or rank-variant runtime corrupts exactly the bytes the kernel would, and the
-``Monitor`` names each write or read that left its slot. The kernel hands out send indices
+an undersized or rank-variant runtime corrupts exactly the bytes the kernel would, and
+``A2AModel.events`` names each write or read that left its slot. The kernel hands out send indices
 with ``atomicAdd`` (any order); the model uses token order, one of the kernel's legal orders.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..model.workspace import INT32, Layout, PayloadSpec, aux_offsets, layout, workspace_size_per_rank
+from ..model.world import World
 from .inputs import (RankInputs, decode_hidden, from_bf16_bits, make_inputs,
                      reference_outputs, stand_in_moe, to_bf16_bits)
-from .workspace import (INT32, Layout, PayloadSpec, aux_offsets, combine_bytes_per_token,
-                        dispatch_payloads, layout, workspace_size_per_rank)
-from .world import World
 
-__all__ = ["SlotEvent", "Monitor", "IllegalAddress", "A2AModel",
-           "RoundTrip", "round_trip", "POISON"]
+__all__ = ["SlotEvent", "IllegalAddress", "A2AModel", "RoundTrip", "round_trip",
+           "expected_recv_counts", "POISON", "MAX_EMULATED_BYTES"]
 
 POISON = 0xA5  # unused slots hold this, so stale rows are visible
+MAX_EMULATED_BYTES = 1 << 28  # all ranks' touched workspace bytes the model materialises
 
 
 class IllegalAddress(RuntimeError):
@@ -54,16 +54,6 @@ class SlotEvent:
                 f"{self.receiver_runtime}) {verb} {self.lands_in}")
 
 
-@dataclass
-class Monitor:
-    """Every row the kernel would move to or from a place other than its slot, named."""
-
-    events: List[SlotEvent] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.events)
-
-
 def _where(lay: Layout, offset: int, aux_end: int) -> str:
     """Name the place ``offset`` falls in, in a receiver laid out by ``lay``."""
     if offset < aux_end:
@@ -87,20 +77,18 @@ class A2AModel:
     collective calls, each taking every rank's arguments at once."""
 
     def __init__(self, ep_size: int, max_num_tokens: int, payloads: Sequence[PayloadSpec],
-                 combine_bytes: int, num_experts: int, top_k: int):
+                 combine_bytes: int):
         self.ep_size = ep_size
         self.max_num_tokens = max_num_tokens
         self.payloads = tuple(payloads)
         self.combine_bytes = combine_bytes
-        self.num_experts = num_experts
-        self.top_k = top_k
         self.size_per_rank = workspace_size_per_rank(
             ep_size, max_num_tokens, sum(p.bytes_per_token for p in payloads), combine_bytes)
         self.aux = aux_offsets(ep_size, max_num_tokens)
         # moe_a2a_initialize zeroes each rank; we poison the planes so stale rows show. Bytes
         # are materialised lazily up to the furthest one touched (caps reach 16384 rows).
         self.workspace = np.zeros((ep_size, self.aux.payload_data), dtype=np.uint8)
-        self.monitor = Monitor()
+        self.events: List[SlotEvent] = []  # every row moved to or from a place not its slot
         self._sends: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._layouts: List[Layout] = []
 
@@ -182,7 +170,7 @@ class A2AModel:
         verb = "into " if phase == "dispatch" else "from "
         for i in np.nonzero((offsets != expect) | (idx >= R[tgt]))[0]:
             t = int(tgt[i])
-            self.monitor.events.append(SlotEvent(
+            self.events.append(SlotEvent(
                 phase, s, t, int(tok[i]), name, int(idx[i]), int(R[s]), int(R[t]),
                 verb + _where(self._layouts[t], int(offsets[i]), self.aux.payload_data)))
 
@@ -246,12 +234,16 @@ def expected_recv_counts(world: World, inputs: Sequence[RankInputs]) -> np.ndarr
 def round_trip(world: World, runtimes: Sequence[int],
                inputs: Optional[Sequence[RankInputs]] = None) -> RoundTrip:
     """Run the world through the model with ``runtimes[r]`` on rank ``r``."""
+    need = (world.ep_size * max(world.layout(max(1, r)).bytes_needed for r in set(runtimes))
+            + 16 * world.moe.hidden_size * sum(world.rows_per_rank))  # + the inputs
+    if need > MAX_EMULATED_BYTES:
+        raise MemoryError(f"emulating this world touches {need / 2**20:.0f} MiB of workspace "
+                          f"(limit {MAX_EMULATED_BYTES >> 20} MiB): run it on a GPU tier")
     moe = world.moe
     fmt = moe.payload_format
-    specs = dispatch_payloads(fmt, moe.hidden_size, moe.top_k)
+    specs = moe.payloads
     inputs = make_inputs(world) if inputs is None else inputs
-    model = A2AModel(world.ep_size, world.max_num_tokens, specs,
-                     combine_bytes_per_token(moe.hidden_size), moe.num_experts, moe.top_k)
+    model = A2AModel(world.ep_size, world.max_num_tokens, specs, moe.combine_bytes)
     views, recv_counts = model.dispatch(runtimes, inputs)
     n_hidden = len(specs) - 2
     received_ok = _received_rows_ok(model, views, inputs)
@@ -269,7 +261,7 @@ def round_trip(world: World, runtimes: Sequence[int],
         outputs += list(y.reshape(len(targets), W, R, moe.hidden_size))
     combined = model.combine(runtimes, outputs, world.rows_per_rank)
     return RoundTrip(tuple(combined), tuple(reference_outputs(world, inputs)), recv_counts,
-                     expected_recv_counts(world, inputs), tuple(model.monitor.events), received_ok)
+                     expected_recv_counts(world, inputs), tuple(model.events), received_ok)
 
 
 def _received_rows_ok(model: A2AModel, views, inputs) -> bool:

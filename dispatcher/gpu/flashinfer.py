@@ -31,8 +31,19 @@ def metainfo_index() -> dict:
     return {str(n).replace("MOE_A2A_", ""): int(v) for n, v in zip(names, values)}
 
 
-def new_moe_alltoall(**kwargs):
-    fc, ops = comm()
+def new_moe_alltoall(ep_size: int, rank: int, max_num_tokens: int, top_k: int,
+                     num_experts: int, workspace_size_per_rank: int):
+    """``MoeAlltoAll`` bootstrapped as SGLang does (after ``init_process_group``; every rank
+    calls this together)."""
+    from flashinfer.comm import Mapping
+    from flashinfer.comm.mnnvl import MnnvlConfig, TorchDistBackend
+
+    _, ops = comm()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "MoeAlltoAll is deprecated", DeprecationWarning)
-        return ops.MoeAlltoAll(**kwargs)
+        return ops.MoeAlltoAll(
+            mapping=Mapping(world_size=ep_size, rank=rank, gpus_per_node=ep_size,
+                            tp_size=ep_size, moe_ep_size=ep_size),
+            max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
+            workspace_size_per_rank=workspace_size_per_rank,
+            mnnvl_config=MnnvlConfig(comm_backend=TorchDistBackend()))

@@ -1,0 +1,69 @@
+"""The GPU environment, in one place: what every GPU process sets, how GPUs are counted
+without initialising CUDA, and whether FlashInfer is importable. No torch import here (the
+pytest parent reads this module).
+
+    python -m dispatcher.gpu.env      # prints the variables as `export` lines for a shell
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+from functools import lru_cache
+
+__all__ = ["GPU_ENV", "apply", "free_port", "gpu_count", "flashinfer_missing"]
+
+# Never enable NVLink multicast on shared hosts (NCCL NVLS, torch symmetric memory, NVSHMEM).
+GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def apply() -> None:
+    """Set ``GPU_ENV`` in this process (before CUDA, NCCL or FlashInfer start)."""
+    os.environ.update(GPU_ENV)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface for a process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@lru_cache(maxsize=None)
+def gpu_count() -> int:
+    """GPUs on this host through NVML (or ``nvidia-smi -L``), never through CUDA."""
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: fall back to nvidia-smi
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            return 0
+    return 0
+
+
+@lru_cache(maxsize=None)
+def flashinfer_missing() -> str:
+    """Why the GPU tiers cannot run here ("" when they can)."""
+    if gpu_count() == 0:
+        return "needs a GPU, found none (NVML / nvidia-smi)"
+    if importlib.util.find_spec("flashinfer") is None:
+        return "flashinfer is not installed (pip install -e '.[gpu]')"
+    return ""
+
+
+if __name__ == "__main__":
+    for key, value in GPU_ENV.items():
+        print(f"export {key}={value}")

@@ -1,0 +1,299 @@
+"""One OS process per EP rank, started once and fed worlds by queue (multi-GPU tier).
+
+Rank ``r`` runs on GPU ``r % n_gpus``. The process group is NCCL when every rank has its own
+GPU and gloo when ranks outnumber GPUs (NCCL refuses two ranks on one GPU); a gloo group is
+always there for the CPU agreement. For each world every rank computes its own runtime with
+the policy under test from its own ``RankView`` (as production does), then all ranks
+all-gather (runtime, rows, world) on the CPU and validate together before any kernel is
+launched; a rank that would launch alone would leave its peers spinning ~300 s and then trap.
+
+Every wait has a timeout. A remote failure comes back as its own exception type. A crashed
+rank, a timeout, a dead CUDA context or a Python error on a rank fails that example and the
+pool is rebuilt (once: a pool that cannot start raises ``PoolStartFailed`` with the rank's
+own words). Each rank's stderr goes to a log whose tail is quoted when the rank dies, so a
+CUDA fault's text is never lost; ranks exit by themselves when their parent is gone.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch.multiprocessing as mp
+
+from . import env
+
+__all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",
+           "RemoteMismatch", "RemoteSizingError", "RemoteKernelFault", "RemoteError"]
+
+GRACE_S = 5.0  # once one rank has failed, how long the others get to answer
+
+
+class RankPoolError(AssertionError):
+    """Base for failures reported by the pool."""
+
+
+class PoolStartFailed(RankPoolError):
+    """The ranks could not start (bad environment, NCCL, FlashInfer); not retried."""
+
+
+class RankCrashed(RankPoolError):
+    pass
+
+
+class RankTimeout(RankPoolError):
+    pass
+
+
+class RemoteMismatch(RankPoolError):
+    """The real kernels returned something other than the reference."""
+
+
+class RemoteSizingError(RankPoolError):
+    """The ranks' agreed validation refused the runtime (no kernel was launched)."""
+
+
+class RemoteKernelFault(RankPoolError):
+    """A CUDA error on a rank: its context is dead; the pool is rebuilt."""
+
+
+class RemoteError(RankPoolError):
+    """A Python exception on a rank (e.g. a FlashInfer argument check); the pool is rebuilt,
+    since the other ranks may be waiting in a collective the failed rank never reached."""
+
+
+def _is_cuda_fault(exc: BaseException, text: str) -> bool:
+    return type(exc).__name__ == "AcceleratorError" or "CUDA error" in text or "illegal" in text
+
+
+def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes: int,
+            max_combine_bytes: int, log: str, parent: int, inbox, outbox):
+    env.apply()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)  # C++/CUDA messages too
+    try:
+        state = _start_rank(rank, ep_size, port, n_gpus)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent with its text
+        outbox.put(("startup", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        return
+    outbox.put(("ready", rank, state["backend"]))
+    while True:
+        try:
+            msg = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the pytest worker is gone: free the GPU
+                return
+            continue
+        if msg is None:
+            return
+        try:
+            problems = _run_example(state, rank, ep_size, max_dispatch_bytes,
+                                    max_combine_bytes, *msg)
+            outbox.put(("ok", rank, problems))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent with its type
+            from ..model.validation import A2ASizingError
+
+            text = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, A2ASizingError):
+                outbox.put(("sizing", rank, text))
+                continue
+            text += "\n" + traceback.format_exc()
+            outbox.put(("cuda" if _is_cuda_fault(exc, text) else "error", rank, text))
+            return
+
+
+def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int) -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from .flashinfer import metainfo_index
+
+    torch.cuda.set_device(rank % n_gpus)
+    backend = "nccl" if ep_size <= n_gpus else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=ep_size, timeout=datetime.timedelta(seconds=120),
+                            device_id=torch.device("cuda", rank % n_gpus) if backend == "nccl" else None)
+    cpu = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
+    return {"backend": backend, "cpu": cpu, "index": metainfo_index(), "a2as": {},
+            "policies": {}}
+
+
+def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec,
+                 bypass) -> List[str]:
+    import torch
+    import torch.distributed as dist
+
+    from ..emulator.a2a import POISON, expected_recv_counts
+    from ..emulator.inputs import make_inputs, reference_outputs
+    from ..model.properties import for_world
+    from ..model.validation import require_int, validate
+    from ..model.workspace import aux_offsets, workspace_size_per_rank
+    from ..policies import load_policy
+    from . import torch_ops
+    from .checks import rank_problems
+    from .flashinfer import new_moe_alltoall
+
+    policies, a2as, cpu = state["policies"], state["a2as"], state["cpu"]
+    if spec not in policies:
+        policies[spec] = load_policy(spec)[1]
+    view = world.rank_view(rank)
+    mine = for_world(policies[spec], world)(view) if not isinstance(bypass, list) else bypass[rank]
+    agreed: List[Optional[tuple]] = [None] * ep_size
+    dist.all_gather_object(agreed, (mine, view.local_tokens, repr(world)), group=cpu)
+    if len({a[2] for a in agreed}) != 1:
+        raise RuntimeError("ranks received different worlds")
+    values = [a[0] for a in agreed]
+    if bypass is False:
+        validate(values, world.views)  # the same verdict on every rank
+    runtime = require_int(values[rank])
+    moe, cap = world.moe, world.max_num_tokens
+    if cap not in a2as:  # collective: every rank reaches here for the same cap
+        size = workspace_size_per_rank(ep_size, cap, max_dispatch_bytes, max_combine_bytes)
+        a2as[cap] = new_moe_alltoall(ep_size, rank, cap, top_k=8,
+                                     num_experts=max(64, ep_size), workspace_size_per_rank=size)
+    a2a = a2as[cap]
+    a2a.top_k, a2a.num_experts = moe.top_k, moe.num_experts
+    aux = aux_offsets(ep_size, cap)
+    own = a2a.workspace[rank]
+    own[aux.payload_data:].fill_(POISON)
+    torch.cuda.synchronize()
+    dist.barrier(group=cpu)  # nobody writes into a peer before it is poisoned
+    inputs = make_inputs(world)
+    inp = inputs[rank]
+    ids, *rows = torch_ops.to_torch_rows([inp.expert_ids, *inp.payload_rows], "cuda")
+    payloads = [torch_ops.typed(t, sp.name) for t, sp in zip(rows, moe.payloads)]
+    recv = a2a.dispatch(ids.view(torch.int32), payloads, runtime)
+    rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
+    counts = own[rc:rc + 4 * ep_size].contiguous().view(torch.int32).cpu().numpy()
+    y = torch_ops.expert_outputs(recv, runtime, moe, rank, ep_size)
+    out = a2a.combine(y, runtime)
+    expected = expected_recv_counts(world, inputs)
+    return rank_problems(rank, recv, runtime, counts, expected[rank],
+                         out.float().cpu().numpy(), reference_outputs(world, [inp])[0])
+
+
+class RankPool:
+    """``ep_size`` rank processes over ``n_gpus`` GPUs, reused across examples. The workspace
+    of each cap is sized for ``max_dispatch_bytes`` / ``max_combine_bytes`` per token."""
+
+    def __init__(self, ep_size: int, n_gpus: int, max_dispatch_bytes: int,
+                 max_combine_bytes: int, timeout: float = 60.0, start_timeout: float = 300.0):
+        self.ep_size, self.n_gpus = ep_size, n_gpus
+        self.max_dispatch_bytes, self.max_combine_bytes = max_dispatch_bytes, max_combine_bytes
+        self.timeout, self.start_timeout = timeout, start_timeout
+        self.backend = None
+        self.restarts = 0
+        self._procs: list = []
+        self._inboxes: list = []
+        self._logs = Path(tempfile.mkdtemp(prefix="a2a-gate-ranks-"))
+        self._start()
+
+    def _start(self):
+        ctx = mp.get_context("spawn")
+        self._out = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(self.ep_size)]
+        port = env.free_port()
+        self._procs = [ctx.Process(
+            target=_worker, daemon=True, name=f"ep-rank-{r}",
+            args=(r, self.ep_size, port, self.n_gpus, self.max_dispatch_bytes,
+                  self.max_combine_bytes, str(self._log(r)), os.getpid(), self._inboxes[r],
+                  self._out)) for r in range(self.ep_size)]
+        for p in self._procs:
+            p.start()
+        t = time.monotonic()
+        try:
+            ready = self._collect(self.start_timeout, "start")
+        except RankPoolError as exc:
+            self.close()
+            raise PoolStartFailed(f"the {self.ep_size}-rank pool could not start: {exc}") from exc
+        self.backend = ready[0]
+        print(f"[rank pool] {self.ep_size} ranks on {self.n_gpus} GPU(s), {self.backend}, "
+              f"ready in {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
+
+    def _log(self, rank: int) -> Path:
+        return self._logs / f"rank{rank}.log"
+
+    def _tail(self, rank: int, lines: int = 15) -> str:
+        try:
+            text = self._log(rank).read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return ("\n  stderr of rank %d:\n    " % rank + "\n    ".join(text)) if text else ""
+
+    def _collect(self, timeout: float, what: str) -> list:
+        """Every rank's answer; the first failure decides, the others get ``GRACE_S``."""
+        got: Dict[int, tuple] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < self.ep_size:
+            try:
+                kind, rank, payload = self._out.get(timeout=0.5)
+                got[rank] = (kind, payload)
+                if kind not in ("ready", "ok"):
+                    deadline = min(deadline, time.monotonic() + GRACE_S)
+                continue
+            except queue.Empty:
+                pass
+            dead = [r for r, p in enumerate(self._procs) if not p.is_alive() and r not in got]
+            if dead:
+                raise RankCrashed(f"{what}: rank process(es) {dead} died"
+                                  + "".join(self._tail(r) for r in dead))
+            if time.monotonic() > deadline:
+                if any(k not in ("ready", "ok") for k, _ in got.values()):
+                    break
+                missing = sorted(set(range(self.ep_size)) - set(got))
+                raise RankTimeout(f"{what}: ranks {missing} did not answer within "
+                                  f"{timeout:.0f} s" + "".join(self._tail(r) for r in missing))
+        failed = [r for r in sorted(got) if got[r][0] not in ("ready", "ok")]
+        if not failed:
+            return [got[r][1] for r in range(self.ep_size)]
+        kind, text = got[failed[0]]
+        if kind == "sizing":
+            raise RemoteSizingError(f"rank {failed[0]}: {text}")
+        cls = {"cuda": RemoteKernelFault, "error": RemoteError}.get(kind, RankCrashed)
+        raise cls(f"{what}: rank {failed[0]} failed ({kind}): {text}" + self._tail(failed[0]))
+
+    def run(self, world, policy_spec: str, bypass=False) -> None:
+        """Run one world on every rank. ``bypass``: False validates on the CPU first; True
+        launches the policy's values unchecked; a list gives each rank's value directly."""
+        if world.ep_size != self.ep_size:
+            raise ValueError(f"pool has {self.ep_size} ranks, world needs {world.ep_size}")
+        if (world.moe.dispatch_bytes > self.max_dispatch_bytes
+                or world.moe.combine_bytes > self.max_combine_bytes):
+            raise ValueError(f"{world.moe} needs more bytes per token than the pool's "
+                             f"workspaces hold ({self.max_dispatch_bytes} dispatch)")
+        for box in self._inboxes:
+            box.put((world, policy_spec, bypass))
+        try:
+            results = self._collect(self.timeout, "example")
+        except RemoteSizingError:
+            raise  # every rank refused together: they are still in step
+        except RankPoolError:
+            self._rebuild()
+            raise
+        problems = [p for r in results for p in r]
+        if problems:
+            raise RemoteMismatch("; ".join(problems))
+
+    def _rebuild(self):
+        self.close()
+        self.restarts += 1
+        self._start()
+
+    def close(self):
+        for box in self._inboxes:
+            try:
+                box.put(None)
+            except (OSError, ValueError):
+                pass
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)

@@ -1,0 +1,61 @@
+"""Read a world back from its one-line repr, without running anything.
+
+A replay line pasted from a CI log is data: ``parse_world`` accepts only a call of ``World``
+(optionally holding ``moe=MoeConfig(...)``) whose arguments are keyword literals, checked
+by ``ast.literal_eval`` and by the dataclasses' own validation. Anything else is a
+``BadWorld`` naming what was wrong; nothing in the text is ever evaluated as code.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Dict
+
+from .world import MoeConfig, World
+
+__all__ = ["BadWorld", "parse_world", "MAX_WORLD_TEXT"]
+
+MAX_WORLD_TEXT = 20_000  # characters: a 64-rank world's repr is well under 1,000
+_CLASSES = {"World": World, "MoeConfig": MoeConfig}
+
+
+class BadWorld(ValueError):
+    """The text is not a world this suite can build."""
+
+
+def parse_world(text: str) -> World:
+    """``World(ep_size=4, dp_size=2, group_tokens=(5, 2), max_num_tokens=8)`` -> World."""
+    if len(text) > MAX_WORLD_TEXT:
+        raise BadWorld(f"world text is {len(text)} characters (at most {MAX_WORLD_TEXT})")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise BadWorld(f"not a World(...) repr: {exc.msg} at column {exc.offset}") from None
+    world = _build(tree.body, "World")
+    return world
+
+
+def _build(node: ast.AST, expected: str):
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == expected):
+        raise BadWorld(f"expected {expected}(...), got {ast.unparse(node)[:80]!r}")
+    if node.args:
+        raise BadWorld(f"{expected}(...) takes keyword arguments only "
+                       f"(as a failing test prints it)")
+    kwargs: Dict[str, object] = {}
+    for kw in node.keywords:
+        if kw.arg is None:
+            raise BadWorld(f"{expected}(...): ** arguments are not accepted")
+        if expected == "World" and kw.arg == "moe":
+            kwargs["moe"] = _build(kw.value, "MoeConfig")
+            continue
+        try:
+            kwargs[kw.arg] = ast.literal_eval(kw.value)
+        except ValueError:
+            raise BadWorld(f"{expected}({kw.arg}=...): only literals are accepted, got "
+                           f"{ast.unparse(kw.value)[:80]!r}") from None
+    try:
+        return _CLASSES[expected](**kwargs)
+    except TypeError as exc:
+        raise BadWorld(f"{expected}(...): {exc}") from None
+    except ValueError as exc:  # the dataclass's own validation
+        raise BadWorld(f"{expected}(...) is not a valid world: {exc}") from None

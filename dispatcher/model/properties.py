@@ -1,0 +1,229 @@
+"""The properties every sizing policy must have, as plain checks shared by every tier.
+
+Each check takes a world and the value the policy returned on each of its EP ranks, and raises
+``PropertyViolation`` (an ``AssertionError``) whose message shows the world in words, the
+rule's values, the ideal value and a command that replays it. ``rule_values`` is the one
+place a policy is called: it also fails a rule that returns something other than an int,
+answers differently for the same view, or is too slow to gate (``RULE_BUDGET``).
+"""
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence
+
+from ..sizing import NotApplicable, Policy
+from .validation import A2ASizingError, NotAnInteger, require_int
+from .world import World
+
+__all__ = ["PropertyViolation", "RuleCrashed", "RefusedCorrectly", "SlowRule", "RuleBudget",
+           "RULE_BUDGET", "policy_name", "for_world", "rule_values", "values_or_reject", "explain",
+           "check_positive", "check_fits", "check_rank_invariant", "check_within_cap",
+           "check_tight", "PROPERTIES", "COLUMNS", "check_all", "breaks"]
+
+
+class PropertyViolation(AssertionError):
+    pass
+
+
+class RuleCrashed(PropertyViolation):
+    """The rule raised, or returned something other than an int (a crash in production)."""
+
+
+class SlowRule(PropertyViolation):
+    """The rule is too slow for the gate to check it in reasonable time."""
+
+
+class RefusedCorrectly(NotApplicable):
+    """The policy refused to size a world where no valid runtime exists (payload over the
+    cap): its clear error is the right answer, so there is no value to check."""
+
+
+@dataclass
+class RuleBudget:
+    """Mean seconds per rule call allowed, judged after ``warmup`` calls in this process (so
+    a slow first call, e.g. SGLang constructing its dispatcher, is not held against it)."""
+
+    seconds: float = 0.02
+    warmup: int = 50
+    calls: int = 0
+    spent: float = 0.0
+
+    def charge(self, seconds: float, name: str) -> None:
+        self.calls += 1
+        self.spent += seconds
+        if self.calls >= self.warmup and self.spent / self.calls > self.seconds:
+            mean = self.spent / self.calls
+            raise SlowRule(
+                f"[slow rule] {name} takes {mean * 1e3:.0f} ms per call on average over "
+                f"{self.calls} calls (budget {self.seconds * 1e3:.0f} ms): the ci profile makes "
+                f"about 45,000 calls, i.e. {45_000 * mean / 3600:.1f} h. Make the rule cheaper "
+                f"or raise the budget with --rule-budget-ms.")
+
+
+RULE_BUDGET = RuleBudget()
+
+
+def policy_name(policy: Policy) -> str:
+    """A ``--policy`` spec that loads ``policy`` again (for replay lines)."""
+    spec = getattr(policy, "spec", None)
+    if spec:
+        return spec
+    module, qual = getattr(policy, "__module__", None), getattr(policy, "__qualname__", None)
+    return f"{module}:{qual}" if module and qual and "<" not in qual else repr(policy)
+
+
+def for_world(policy, world: World) -> Policy:
+    """The per-rank callable for ``world``: a rule itself, or an engine policy (SGLang's own
+    dispatcher) bound to the whole world it runs in (``policy.bind(world)``)."""
+    bind = getattr(policy, "bind", None)
+    return bind(world) if bind is not None else policy
+
+
+def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
+    """The policy's value on every EP rank, each checked to be an int; the policy is asked
+    once more for one rank, which must give the same answer. A rule that raises, returns a
+    non-int or answers differently is reported with the world and a replay line."""
+    name = name or policy_name(policy)
+    rank_policy = for_world(policy, world)
+    values: list = []
+    for view in world.views:
+        values.append(_call(rank_policy, view, world, values, name))
+    again = _call(rank_policy, world.views[0], world, values, name)
+    if again != values[0]:
+        raise RuleCrashed(
+            f"[deterministic] {name} returned {values[0]!r} for EP rank 0 and then {again!r} "
+            f"for the same RankView: it depends on hidden state or randomness, so ranks can "
+            f"disagree and the replay line below may not reproduce what the test saw.\n"
+            f"{explain(world, values, name)}")
+    return values
+
+
+def _call(policy, view, world, values, name):
+    t0 = time.perf_counter()
+    try:
+        value = policy(view)
+    except NotApplicable:
+        raise
+    except A2ASizingError as exc:
+        if not world.payload_fits_cap:
+            raise RefusedCorrectly(f"{type(exc).__name__}: {exc}") from exc
+        raise RuleCrashed(
+            f"[rule crashed] {name} refused a world where runtime {world.ideal_runtime} is "
+            f"valid: {type(exc).__name__}: {exc}\n"
+            f"{explain(world, values + ['<refused>'], name)}") from exc
+    except Exception as exc:
+        raise RuleCrashed(
+            f"[rule crashed] {name} raised {type(exc).__name__}: {exc} on EP rank "
+            f"{view.ep_rank}\n{explain(world, values + ['<raised>'], name)}") from exc
+    RULE_BUDGET.charge(time.perf_counter() - t0, name)
+    try:
+        return require_int(value)
+    except NotAnInteger as exc:
+        raise RuleCrashed(f"[int] {name} on EP rank {view.ep_rank}: {exc}\n"
+                          f"{explain(world, values + [value], name)}") from None
+
+
+def values_or_reject(policy: Policy, world: World, name: str = "") -> List[int]:
+    """``rule_values`` inside a Hypothesis test: a world the policy declares impossible for
+    its system is rejected (and shown in ``--hypothesis-show-statistics``), not checked."""
+    from hypothesis import event, reject
+
+    try:
+        return rule_values(policy, world, name)
+    except NotApplicable as exc:
+        event(f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}")
+        reject()
+
+
+def explain(world: World, values: Sequence, name: str = "the rule") -> str:
+    vals = list(values)
+    shown = vals if len(vals) <= 16 else f"{vals[:8]} ... {vals[-4:]}"
+    return (f"world:\n{world.describe()}\n"
+            f"  {name} returned per EP rank: {shown}   ideal: {world.ideal_runtime}\n"
+            f"replay: python -m dispatcher --policy {shlex.quote(name)} \"{world!r}\"")
+
+
+def _fail(prop: str, what: str, world: World, values, name: str):
+    raise PropertyViolation(f"[{prop}] {what}\n{explain(world, values, name)}")
+
+
+def check_positive(world: World, values: Sequence[int], name: str = "the rule") -> None:
+    """runtime >= 1 on every rank (FlashInfer rejects 0 even when every rank is idle)."""
+    bad = [r for r, v in enumerate(values) if not v >= 1]
+    if bad:
+        _fail("positive", f"runtime < 1 on ranks {bad[:8]}", world, values, name)
+
+
+def check_fits(world: World, values: Sequence[int], name: str = "the rule") -> None:
+    """runtime >= every EP rank's payload rows (else FlashInfer overwrites slots silently)."""
+    need = world.max_rows
+    bad = [r for r, v in enumerate(values) if v < need]
+    if bad:
+        _fail("fits", f"runtime below the largest payload ({need} rows, on rank "
+              f"{world.rows_per_rank.index(need)}) on ranks {bad[:8]}", world, values, name)
+
+
+def check_rank_invariant(world: World, values: Sequence[int], name: str = "the rule") -> None:
+    """Every EP rank passes the same runtime (different values corrupt each other)."""
+    if len(set(values)) > 1:
+        _fail("rank-invariant", f"ranks disagree: {sorted(set(values))[:6]}", world, values, name)
+
+
+def check_within_cap(world: World, values: Sequence[int], name: str = "the rule") -> None:
+    """runtime <= max_num_tokens whenever the payload itself fits the cap."""
+    if world.payload_fits_cap:
+        bad = [r for r, v in enumerate(values) if v > world.max_num_tokens]
+        if bad:
+            _fail("within-cap", f"runtime over the cap {world.max_num_tokens} although every "
+                  f"payload ({world.max_rows} rows) fits it", world, values, name)
+
+
+def check_tight(world: World, values: Sequence[int], name: str = "the rule") -> None:
+    """runtime == max(1, largest post-scatter rows): no padding rows moved or computed."""
+    bad = [r for r, v in enumerate(values) if v != world.ideal_runtime]
+    if bad:
+        _fail("tight", f"runtime != ideal {world.ideal_runtime} on ranks {bad[:8]}", world,
+              values, name)
+
+
+PROPERTIES: Dict[str, Callable] = {
+    "positive": check_positive,
+    "fits": check_fits,
+    "rank-invariant": check_rank_invariant,
+    "within-cap": check_within_cap,
+    "tight": check_tight,
+}
+COLUMNS = tuple(PROPERTIES) + ("no crash",)  # what a verdict is given on
+
+
+def check_all(world: World, values: Sequence[int], name: str = "the rule") -> None:
+    for check in PROPERTIES.values():
+        check(world, values, name)
+
+
+def breaks(policy: Policy, column: str) -> Callable[[World], bool]:
+    """A predicate: does ``policy`` break ``column`` (a property, or "no crash") on a world?
+
+    A world the policy cannot produce or correctly refuses is no counterexample; a crash
+    counts against "no crash" only, so each column's counterexample is about that column."""
+    if column not in COLUMNS:
+        raise ValueError(f"unknown property {column!r}: one of {COLUMNS}")
+    name = policy_name(policy)
+
+    def broken(world: World) -> bool:
+        try:
+            values = rule_values(policy, world, name)
+        except NotApplicable:
+            return False
+        except RuleCrashed:
+            return column == "no crash"
+        if column == "no crash":
+            return False
+        try:
+            PROPERTIES[column](world, values, name)
+        except PropertyViolation:
+            return True
+        return False
+    return broken

@@ -1,0 +1,47 @@
+"""Searching the strategies outside ``@given``, as Hypothesis's own suite does
+(``tests/common/debug.py``): one settings base, and three verbs.
+
+- ``find_any``: is this regime reachable at all? No shrinking (nobody reads the example).
+- ``minimal``: what does a failure shrink to? Shrinks; ``None`` when there is none.
+- ``assert_no_examples``: nothing in the search satisfies the condition.
+
+Every search is derandomized, uses no example database and has no deadline, so it gives the
+same answer in pytest, in ``python -m dispatcher.sglang_verdicts`` and in a benchmark.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, TypeVar
+
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis.errors import NoSuchExample
+
+__all__ = ["SEARCH", "find_any", "minimal", "assert_no_examples"]
+
+T = TypeVar("T")
+SEARCH = settings(max_examples=2000, database=None, derandomize=True, deadline=None,
+                  suppress_health_check=list(HealthCheck))
+_NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
+
+
+def find_any(strategy, condition: Callable[[T], bool], max_examples: int = 3000) -> T:
+    """An example satisfying ``condition`` (not shrunk); fails when none is found."""
+    try:
+        return find(strategy, condition,
+                    settings=settings(SEARCH, max_examples=max_examples, phases=_NO_SHRINK))
+    except NoSuchExample:
+        raise AssertionError(f"no example in {max_examples} satisfies the condition: the "
+                             f"strategy never reaches this regime") from None
+
+
+def minimal(strategy, condition: Callable[[T], bool], max_examples: int = 2000) -> Optional[T]:
+    """The shrunk example satisfying ``condition``, or ``None`` when the search finds none."""
+    try:
+        return find(strategy, condition, settings=settings(SEARCH, max_examples=max_examples))
+    except NoSuchExample:
+        return None
+
+
+def assert_no_examples(strategy, condition: Callable[[T], bool], max_examples: int = 500) -> None:
+    """No example in the search satisfies ``condition``."""
+    found = minimal(strategy, condition, max_examples)
+    assert found is None, f"expected no example, found (shrunk): {found!r}"
