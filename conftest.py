@@ -93,10 +93,17 @@ _UNAVAILABLE = pytest.StashKey[str]()
 
 
 def pytest_collection_modifyitems(config, items):
+    """GPU work is scheduled by resource (``--dist=loadgroup``): the single-GPU tier's tests
+    share one xdist worker (one CUDA context, its workspaces), the rank pools' tests another
+    (one set of rank processes, never driven by two workers at once); the two groups run
+    side by side with the CPU tests."""
     for item in items:
-        if "gpu" not in item.keywords and "multi_gpu" not in item.keywords:
+        if "multi_gpu" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("gpu-rank-pools"))
+        elif "gpu" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("gpu-single"))
+        else:
             continue
-        item.add_marker(pytest.mark.xdist_group("gpu"))  # one xdist worker owns the GPUs
         item.stash[_UNAVAILABLE] = flashinfer_missing()
 
 

@@ -1,8 +1,10 @@
-"""Replay one world: ``python -m dispatcher --policy SPEC "World(...)"``.
+"""Replay one world: ``python -m dispatcher --policy SPEC [--context "SGLangContext(...)"] "World(...)"``.
 
 Prints the world in words, the policy's value on every rank, which properties hold, what the
-dispatcher's validation says and, for worlds small enough, the emulated A2A round trip.
-The world is read by ``dispatcher.model.parse`` (literals only, never evaluated as code).
+dispatcher's validation says and, for worlds small enough, the emulated A2A round trip. For
+an SGLang policy it also prints what SGLang's own dispatch() saw and did on every rank and
+checks every bug class, in the context given (default: eager decode). The world and the
+context are read by ``dispatcher.model.parse`` (literals only, never evaluated as code).
 
 Exit codes: 0 every property holds; 1 a property is violated (or the rule crashed, or the
 round trip is wrong); 2 bad input (the world text, the policy spec, the arguments);
@@ -16,7 +18,8 @@ import traceback
 
 from .emulator.a2a import round_trip
 from .model import properties
-from .model.parse import BadWorld, parse_world
+from .model.parse import BadWorld, parse_context, parse_world
+from .model.sglang_context import SGLangContext
 from .model.validation import A2ASizingError, validate
 from .policies import DEFAULT_POLICY, PolicyError, load_policy
 from .sizing import NotApplicable
@@ -24,13 +27,19 @@ from .sizing import NotApplicable
 OK, VIOLATED, BAD_INPUT, INTERNAL = 0, 1, 2, 3
 
 
-def replay(world_text: str, spec: str) -> int:
+def replay(world_text: str, spec: str, context_text: str = "") -> int:
     try:
         world = parse_world(world_text)
+        ctx = parse_context(context_text) if context_text else SGLangContext()
         name, policy = load_policy(spec)
+        if context_text and not hasattr(policy, "step"):
+            raise BadWorld(f"--context is for sglang: policies; {spec} is a rule of a RankView")
     except (BadWorld, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return BAD_INPUT
+    failed = _engine_classes(policy, world, ctx) if hasattr(policy, "step") else 0
+    if hasattr(policy, "bind"):
+        policy = policy.bind(world, ctx)
     try:
         values = properties.rule_values(policy, world, name)
     except properties.PropertyViolation as exc:  # crashed, not an int, nondeterministic
@@ -41,7 +50,6 @@ def replay(world_text: str, spec: str) -> int:
               f"system ({exc}); nothing to check")
         return OK
     print(properties.explain(world, values, name))
-    failed = 0
     for prop, check in properties.PROPERTIES.items():
         try:
             check(world, values, name)
@@ -64,15 +72,32 @@ def replay(world_text: str, spec: str) -> int:
     return VIOLATED if failed else OK
 
 
+def _engine_classes(release, world, ctx) -> int:
+    """Every bug class on this step of an SGLang release; the number violated."""
+    from .sglang.classes import BUG_CLASSES, check_step, describe_step
+
+    print(describe_step(release, world, ctx, release.step(world, ctx)))
+    failed = 0
+    for key, bug in BUG_CLASSES.items():
+        if not bug.applies(world, ctx):
+            continue
+        problem = check_step(release, key, world, ctx)
+        failed += problem is not None
+        print(f"  {key:20s} {'VIOLATED: ' + problem.splitlines()[0] if problem else 'ok'}")
+    return failed
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dispatcher", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("world", help="a World repr, as printed by a failing test")
     ap.add_argument("--policy", default=DEFAULT_POLICY,
                     help="the rule or SGLang file to replay (default: %(default)s)")
+    ap.add_argument("--context", default="", metavar="'SGLangContext(...)'",
+                    help="for sglang: policies, the step's context (default: eager decode)")
     args = ap.parse_args(argv)  # exits 2 on bad arguments
     try:
-        return replay(args.world, args.policy)
+        return replay(args.world, args.policy, args.context)
     except Exception:  # noqa: BLE001 - a bug in the gate, not in the input
         traceback.print_exc()
         print("internal error of the gate (exit 3): please report it with the command above",

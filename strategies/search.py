@@ -3,7 +3,8 @@
 
 - ``find_any``: is this regime reachable at all? No shrinking (nobody reads the example).
 - ``minimal``: what does a failure shrink to? Shrinks; ``None`` when there is none.
-- ``assert_no_examples``: nothing in the search satisfies the condition.
+- ``assert_no_examples`` / ``assert_all_examples``: nothing / everything in the search
+  satisfies the condition.
 
 Every search is derandomized, uses no example database and has no deadline, so it gives the
 same answer in pytest, in ``python -m dispatcher.sglang_verdicts`` and in a benchmark.
@@ -15,7 +16,7 @@ from typing import Callable, Optional, TypeVar
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
-__all__ = ["SEARCH", "find_any", "minimal", "assert_no_examples"]
+__all__ = ["SEARCH", "find_any", "minimal", "assert_no_examples", "assert_all_examples"]
 
 T = TypeVar("T")
 SEARCH = settings(max_examples=2000, database=None, derandomize=True, deadline=None,
@@ -45,3 +46,9 @@ def assert_no_examples(strategy, condition: Callable[[T], bool], max_examples: i
     """No example in the search satisfies ``condition``."""
     found = minimal(strategy, condition, max_examples)
     assert found is None, f"expected no example, found (shrunk): {found!r}"
+
+
+def assert_all_examples(strategy, condition: Callable[[T], bool], max_examples: int = 300) -> None:
+    """Every example in the search satisfies ``condition``."""
+    found = minimal(strategy, lambda x: not condition(x), max_examples)
+    assert found is None, f"expected every example to satisfy it, found (shrunk): {found!r}"

@@ -14,13 +14,12 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from dispatcher.model.sglang_context import FORWARD_MODES, SGLangContext
 from dispatcher.model.workspace import HIDDEN_MULTIPLE, SUPPORTED_TOP_K, PayloadFormat
 from dispatcher.model.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
 from dispatcher.sizing import ceil_align
 
 __all__ = ["topologies", "group_token_counts", "caps", "moe_configs", "worlds", "a2a_worlds",
-           "gpu_worlds", "pool_worlds", "sglang_contexts", "regimes", "SHAPES",
+           "gpu_worlds", "pool_worlds", "regimes", "SHAPES",
            "CAP_PLACEMENTS", "GpuShapes", "GPU_SHAPES"]
 
 POW2 = (1, 2, 4, 8, 16, 32, 64)
@@ -56,14 +55,18 @@ def _divisors(n: int) -> list:
 
 
 @st.composite
-def topologies(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None):
+def topologies(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
+               dp_attention: Optional[bool] = None):
     """``(ep_size, dp_size)``: powers of two mostly, any size up to ``max_ep`` sometimes;
-    ``dp_size`` any divisor (1 = DP attention off)."""
+    ``dp_size`` any divisor (1 = DP attention off); ``dp_attention`` forces it on or off."""
     if ep_sizes:
         ep = draw(st.sampled_from(sorted(ep_sizes)))
     else:
         ep = draw(st.sampled_from([p for p in POW2 if p <= max_ep]) | st.integers(1, max_ep))
-    dp = draw(st.sampled_from(_divisors(ep)))
+    if dp_attention:
+        ep = max(ep, 2)
+    divisors = {None: _divisors(ep), True: _divisors(ep)[1:], False: [1]}[dp_attention]
+    dp = draw(st.sampled_from(divisors))
     return ep, dp
 
 
@@ -143,15 +146,20 @@ def moe_configs(draw, ep_size: int, hidden_sizes: Sequence[int] = (128, 1024, 20
 def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
            max_tokens: int = 16384, fitting_only: bool = False,
            moe: Optional[Callable[[int], st.SearchStrategy]] = None,
-           cap_values: Optional[Sequence[int]] = None):
+           cap_values: Optional[Sequence[int]] = None, dp_attention: Optional[bool] = None,
+           shape: Optional[str] = None, cap_placement: Optional[str] = None):
     """Whole worlds. ``moe(ep_size)`` gives the MoE strategy (default: the default MoE,
     which the sizing properties do not depend on). ``cap_values`` restricts the cap to a few
-    values at least the payload (the multi-GPU tier reuses one workspace per cap)."""
-    ep, dp = draw(topologies(max_ep, ep_sizes))
+    values at least the payload (the multi-GPU tier reuses one workspace per cap);
+    ``dp_attention``, ``shape`` (one of SHAPES) and ``cap_placement`` (one of
+    CAP_PLACEMENTS) pin those choices for a regime."""
+    ep, dp = draw(topologies(max_ep, ep_sizes, dp_attention))
     attn_tp = ep // dp
     kind = draw(st.sampled_from(DP_GLOBAL_KINDS))
     scale = draw(st.sampled_from([m for m in (8, 64, 1024, max_tokens) if m <= max_tokens]))
-    tokens = draw(group_token_counts(dp, attn_tp, scale, shape=None if kind == "recorded" else "equal"))
+    if shape is None and kind != "recorded":
+        shape = "equal"
+    tokens = draw(group_token_counts(dp, attn_tp, scale, shape=shape))
     max_len = dp > 1 and draw(st.booleans())
     padded = [ceil_align(n, attn_tp) for n in tokens]
     rows = max(padded) // attn_tp
@@ -161,7 +169,7 @@ def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
             raise ValueError(f"cap_values {cap_values} cannot hold {rows} rows: lower max_tokens")
         cap = draw(st.sampled_from(fits))
     else:
-        cap = draw(caps(rows, max(padded), fitting_only=fitting_only))
+        cap = draw(caps(rows, max(padded), placement=cap_placement, fitting_only=fitting_only))
     moe_cfg = draw(moe(ep)) if moe is not None else MoeConfig()
     return World(ep_size=ep, dp_size=dp, group_tokens=tokens, max_num_tokens=cap,
                  dp_global_kind=kind, max_len_padding=max_len, moe=moe_cfg)
@@ -196,14 +204,6 @@ def pool_worlds(ep_size: int):
     """Worlds for the rank pool of ``ep_size`` ranks: its caps, its shapes."""
     return gpu_worlds(ep_sizes=[ep_size], max_blocks=GPU_SHAPES.pool_blocks,
                       cap_values=GPU_SHAPES.caps)
-
-
-def sglang_contexts():
-    """What SGLang's dispatch() reads beyond the world: forward mode (decode, extend, mixed,
-    CUDA-graph capture), speculative decoding, and the require_mlp_tp_gather server args."""
-    return st.builds(SGLangContext, forward_mode=st.sampled_from(FORWARD_MODES),
-                     speculative=st.booleans(), moe_dense_tp_size=st.sampled_from([None, 1]),
-                     enable_dp_lm_head=st.booleans(), sp_prefill_a2a=st.booleans())
 
 
 def regimes(world: World) -> set:

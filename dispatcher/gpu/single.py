@@ -23,7 +23,7 @@ from . import torch_ops
 from .checks import rank_problems
 from .flashinfer import comm, metainfo_index, module
 
-__all__ = ["SingleGpuA2A", "GpuRoundTrip", "GUARD"]
+__all__ = ["SingleGpuA2A", "GpuRoundTrip", "CudaContextDead", "GUARD"]
 
 GUARD = 4096
 GUARD_BYTE = 0x5A
@@ -35,7 +35,15 @@ class GpuRoundTrip:
     byte_model: Dict[str, Tuple[int, int]]  # name -> (ours, FlashInfer's)
 
 
+class CudaContextDead(RuntimeError):
+    """An earlier kernel fault killed this process's CUDA context: nothing more can run."""
+
+
 class SingleGpuA2A:
+    """Every rank of a world on one GPU. A CUDA fault kills the process's context for good:
+    the first fault is re-raised as it came, every later ``run`` fails at once with
+    ``CudaContextDead`` naming the world that faulted (never a cascade of odd errors)."""
+
     MAX_WORKSPACES = 16  # LRU: realistic caps make a workspace up to ~1 GB
 
     def __init__(self, device: Optional[torch.device] = None):
@@ -43,6 +51,21 @@ class SingleGpuA2A:
         self._workspaces: "OrderedDict[Tuple[int, int, int], tuple]" = OrderedDict()
         self._streams: List[torch.cuda.Stream] = []
         self._index = metainfo_index()
+        self.dead: Optional[str] = None
+
+    def run(self, world: World, runtimes: Sequence[int]) -> "GpuRoundTrip":
+        """Dispatch -> stand-in MoE -> combine with ``runtimes[r]`` on rank ``r`` (no
+        validation here: the caller decides; FlashInfer's own checks still apply)."""
+        if self.dead:
+            raise CudaContextDead(f"this process's CUDA context died earlier ({self.dead}); "
+                                  f"restart the process to run GPU kernels again")
+        try:
+            return self._run(world, runtimes)
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            if type(exc).__name__ == "AcceleratorError" or "CUDA error" in text:
+                self.dead = f"{text.splitlines()[0][:200]} while running {world!r}"
+            raise
 
     def _streams_for(self, n: int) -> List[torch.cuda.Stream]:
         while len(self._streams) < n:
@@ -75,9 +98,7 @@ class SingleGpuA2A:
             "aux_size": (aux_size(W, cap), int(module().moe_a2a_get_aux_data_size(W, cap, 0))),
         }
 
-    def run(self, world: World, runtimes: Sequence[int]) -> GpuRoundTrip:
-        """Dispatch -> stand-in MoE -> combine with ``runtimes[r]`` on rank ``r`` (no
-        validation here: the caller decides; FlashInfer's own checks still apply)."""
+    def _run(self, world: World, runtimes: Sequence[int]) -> GpuRoundTrip:
         _, ops = comm()
         moe, W, cap = world.moe, world.ep_size, world.max_num_tokens
         specs = moe.payloads

@@ -1,21 +1,23 @@
-"""Read a world back from its one-line repr, without running anything.
+"""Read a world (or an SGLang context) back from its one-line repr, without running anything.
 
 A replay line pasted from a CI log is data: ``parse_world`` accepts only a call of ``World``
 (optionally holding ``moe=MoeConfig(...)``) whose arguments are keyword literals, checked
-by ``ast.literal_eval`` and by the dataclasses' own validation. Anything else is a
-``BadWorld`` naming what was wrong; nothing in the text is ever evaluated as code.
+by ``ast.literal_eval`` and by the dataclasses' own validation; ``parse_context`` the same
+for ``SGLangContext(...)``. Anything else is a ``BadWorld`` naming what was wrong; nothing in
+the text is ever evaluated as code.
 """
 from __future__ import annotations
 
 import ast
 from typing import Dict
 
+from .sglang_context import SGLangContext
 from .world import MoeConfig, World
 
-__all__ = ["BadWorld", "parse_world", "MAX_WORLD_TEXT"]
+__all__ = ["BadWorld", "parse_world", "parse_context", "MAX_WORLD_TEXT"]
 
 MAX_WORLD_TEXT = 20_000  # characters: a 64-rank world's repr is well under 1,000
-_CLASSES = {"World": World, "MoeConfig": MoeConfig}
+_CLASSES = {"World": World, "MoeConfig": MoeConfig, "SGLangContext": SGLangContext}
 
 
 class BadWorld(ValueError):
@@ -24,14 +26,22 @@ class BadWorld(ValueError):
 
 def parse_world(text: str) -> World:
     """``World(ep_size=4, dp_size=2, group_tokens=(5, 2), max_num_tokens=8)`` -> World."""
+    return _parse(text, "World")
+
+
+def parse_context(text: str) -> SGLangContext:
+    """``SGLangContext(forward_mode='replay', ...)`` -> SGLangContext."""
+    return _parse(text, "SGLangContext")
+
+
+def _parse(text: str, expected: str):
     if len(text) > MAX_WORLD_TEXT:
-        raise BadWorld(f"world text is {len(text)} characters (at most {MAX_WORLD_TEXT})")
+        raise BadWorld(f"{expected} text is {len(text)} characters (at most {MAX_WORLD_TEXT})")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
-        raise BadWorld(f"not a World(...) repr: {exc.msg} at column {exc.offset}") from None
-    world = _build(tree.body, "World")
-    return world
+        raise BadWorld(f"not a {expected}(...) repr: {exc.msg} at column {exc.offset}") from None
+    return _build(tree.body, expected)
 
 
 def _build(node: ast.AST, expected: str):

@@ -18,7 +18,7 @@ from .validation import A2ASizingError, NotAnInteger, require_int
 from .world import World
 
 __all__ = ["PropertyViolation", "RuleCrashed", "RefusedCorrectly", "SlowRule", "RuleBudget",
-           "RULE_BUDGET", "policy_name", "for_world", "rule_values", "values_or_reject", "explain",
+           "RULE_BUDGET", "RuleValues", "policy_name", "for_world", "rule_values", "values_or_reject", "explain",
            "check_positive", "check_fits", "check_rank_invariant", "check_within_cap",
            "check_tight", "PROPERTIES", "COLUMNS", "check_all", "breaks"]
 
@@ -46,7 +46,7 @@ class RuleBudget:
     a slow first call, e.g. SGLang constructing its dispatcher, is not held against it)."""
 
     seconds: float = 0.02
-    warmup: int = 50
+    warmup: int = 20
     calls: int = 0
     spent: float = 0.0
 
@@ -74,6 +74,16 @@ def policy_name(policy: Policy) -> str:
     return f"{module}:{qual}" if module and qual and "<" not in qual else repr(policy)
 
 
+class RuleValues(list):
+    """The policy's value per EP rank, with ``notes``: what an engine policy's own code saw
+    on each rank (e.g. the ``dp_global`` SGLang was handed), shown in every failure."""
+
+    def __init__(self, values, notes: str = "", replay_args: str = ""):
+        super().__init__(values)
+        self.notes = notes
+        self.replay_args = replay_args  # e.g. an engine's --context, for the replay line
+
+
 def for_world(policy, world: World) -> Policy:
     """The per-rank callable for ``world``: a rule itself, or an engine policy (SGLang's own
     dispatcher) bound to the whole world it runs in (``policy.bind(world)``)."""
@@ -83,18 +93,19 @@ def for_world(policy, world: World) -> Policy:
 
 def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
     """The policy's value on every EP rank, each checked to be an int; the policy is asked
-    once more for one rank, which must give the same answer. A rule that raises, returns a
+    once more for the last rank, which must give the same answer. A rule that raises, returns a
     non-int or answers differently is reported with the world and a replay line."""
     name = name or policy_name(policy)
     rank_policy = for_world(policy, world)
-    values: list = []
+    values = RuleValues([], replay_args=getattr(rank_policy, "replay_args", ""))
     for view in world.views:
         values.append(_call(rank_policy, view, world, values, name))
-    again = _call(rank_policy, world.views[0], world, values, name)
-    if again != values[0]:
+    last = world.ep_size - 1  # asked again right after: a counter or a coin shows here
+    again = _call(rank_policy, world.views[last], world, values, name)
+    if again != values[last]:
         raise RuleCrashed(
-            f"[deterministic] {name} returned {values[0]!r} for EP rank 0 and then {again!r} "
-            f"for the same RankView: it depends on hidden state or randomness, so ranks can "
+            f"[deterministic] {name} returned {values[last]!r} for EP rank {last} and then "
+            f"{again!r} for the same RankView: it depends on hidden state or randomness, so ranks can "
             f"disagree and the replay line below may not reproduce what the test saw.\n"
             f"{explain(world, values, name)}")
     return values
@@ -103,7 +114,10 @@ def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
 def _call(policy, view, world, values, name):
     t0 = time.perf_counter()
     try:
-        value = policy(view)
+        try:
+            value = policy(view)
+        finally:
+            values.notes = getattr(policy, "notes", lambda: "")()
     except NotApplicable:
         raise
     except A2ASizingError as exc:
@@ -112,17 +126,21 @@ def _call(policy, view, world, values, name):
         raise RuleCrashed(
             f"[rule crashed] {name} refused a world where runtime {world.ideal_runtime} is "
             f"valid: {type(exc).__name__}: {exc}\n"
-            f"{explain(world, values + ['<refused>'], name)}") from exc
+            f"{explain(world, _with(values, '<refused>'), name)}") from exc
     except Exception as exc:
         raise RuleCrashed(
             f"[rule crashed] {name} raised {type(exc).__name__}: {exc} on EP rank "
-            f"{view.ep_rank}\n{explain(world, values + ['<raised>'], name)}") from exc
+            f"{view.ep_rank}\n{explain(world, _with(values, '<raised>'), name)}") from exc
     RULE_BUDGET.charge(time.perf_counter() - t0, name)
     try:
         return require_int(value)
     except NotAnInteger as exc:
         raise RuleCrashed(f"[int] {name} on EP rank {view.ep_rank}: {exc}\n"
-                          f"{explain(world, values + [value], name)}") from None
+                          f"{explain(world, _with(values, value), name)}") from None
+
+
+def _with(values: RuleValues, last) -> RuleValues:
+    return RuleValues(list(values) + [last], values.notes, values.replay_args)
 
 
 def values_or_reject(policy: Policy, world: World, name: str = "") -> List[int]:
@@ -140,9 +158,11 @@ def values_or_reject(policy: Policy, world: World, name: str = "") -> List[int]:
 def explain(world: World, values: Sequence, name: str = "the rule") -> str:
     vals = list(values)
     shown = vals if len(vals) <= 16 else f"{vals[:8]} ... {vals[-4:]}"
+    notes, extra = getattr(values, "notes", ""), getattr(values, "replay_args", "")
     return (f"world:\n{world.describe()}\n"
             f"  {name} returned per EP rank: {shown}   ideal: {world.ideal_runtime}\n"
-            f"replay: python -m dispatcher --policy {shlex.quote(name)} \"{world!r}\"")
+            + (f"{notes}\n" if notes else "")
+            + f"replay: python -m dispatcher --policy {shlex.quote(name)}{extra} \"{world!r}\"")
 
 
 def _fail(prop: str, what: str, world: World, values, name: str):

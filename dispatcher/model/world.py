@@ -48,7 +48,7 @@ def _require_ints(obj, *names: str) -> None:
             raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
 
 
-def _short_repr(obj) -> str:
+def short_repr(obj) -> str:
     """``Name(field=value, ...)`` with default-valued fields left out: a one-line replay."""
     parts = []
     for f in fields(obj):
@@ -98,7 +98,7 @@ class MoeConfig:
     def combine_bytes(self) -> int:
         return combine_bytes_per_token(self.hidden_size)
 
-    __repr__ = _short_repr
+    __repr__ = short_repr
 
     def _repr_pretty_(self, printer, cycle):  # Hypothesis/IPython: print the one-line replay
         printer.text(repr(self))
@@ -149,7 +149,7 @@ class World:
         if self.moe.num_experts < max(self.ep_size, self.moe.top_k):
             raise ValueError(f"num_experts={self.moe.num_experts} < max(ep_size, top_k)")
 
-    __repr__ = _short_repr
+    __repr__ = short_repr
 
     def _repr_pretty_(self, printer, cycle):  # Hypothesis/IPython: print the one-line replay
         printer.text(repr(self))

@@ -1,13 +1,16 @@
-"""python -m dispatcher.sglang fetch VERSION [VERSION ...]: pre-fill the verified cache."""
+"""python -m dispatcher.sglang fetch [VERSION ...]: pre-fill the verified cache (no version:
+every release the verdict table pins)."""
 import sys
 
 from .fetch import ReleaseError, fetch_release
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] != "fetch":
+    if len(sys.argv) < 2 or sys.argv[1] != "fetch":
         sys.exit(__doc__)
+    from .verdicts import RELEASES
+
     try:
-        for version in sys.argv[2:]:
+        for version in sys.argv[2:] or RELEASES:
             print(fetch_release(version))
     except ReleaseError as exc:
         sys.exit(f"error: {exc}")

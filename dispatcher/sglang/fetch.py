@@ -22,10 +22,15 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["ReleaseError", "RELEASE_FILE", "CACHE_ENV", "cache_dir", "canonical_version",
-           "fetch_release", "wheel_file", "checkout_file", "installed_file", "sha256"]
+__all__ = ["ReleaseError", "RELEASE_FILE", "COMPANIONS", "CACHE_ENV", "cache_dir",
+           "canonical_version", "companion_file", "fetch_release", "wheel_file", "checkout_file",
+           "installed_file", "sha256"]
 
 RELEASE_FILE = "sglang/srt/layers/moe/token_dispatcher/flashinfer.py"
+# Files beside the dispatcher whose functions decide what it sees: require_mlp_tp_gather()
+# (whether the scheduler records every DP group's count) and, in newer releases, the
+# derivation of the A2A cap. Kept with the dispatcher file when a release has them.
+COMPANIONS = ("sglang/srt/utils/common.py", "sglang/srt/arg_groups/overrides.py")
 CACHE_ENV = "A2A_GATE_SGLANG_CACHE"
 PIP_TIMEOUT_S = 300
 
@@ -56,33 +61,39 @@ def _manifest(folder: Path) -> Path:
 
 
 def _verified(folder: Path) -> Path | None:
-    """The cached file if its manifest exists and its hash matches, else None."""
-    target, manifest = folder / RELEASE_FILE, _manifest(folder)
+    """The cached dispatcher file if the manifest exists and every file it lists still has
+    its recorded hash, else None."""
     try:
-        recorded = json.loads(manifest.read_text())["file_sha256"]
-    except (OSError, ValueError, KeyError):
+        recorded = json.loads(_manifest(folder).read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return target if target.is_file() and sha256(target) == recorded else None
+    for name, digest in recorded.items():
+        if not (folder / name).is_file() or sha256(folder / name) != digest:
+            return None
+    return folder / RELEASE_FILE if RELEASE_FILE in recorded else None
 
 
 def _extract(wheel: Path, folder: Path, origin: str) -> Path:
-    """Put the wheel's dispatcher file and a manifest into ``folder`` (atomically)."""
+    """Put the wheel's dispatcher file, its companions and a manifest into ``folder``
+    (atomically)."""
     try:
         with zipfile.ZipFile(wheel) as z:
-            try:
-                data = z.read(RELEASE_FILE)
-            except KeyError:
-                raise ReleaseError(f"{origin}: the wheel holds no {RELEASE_FILE}") from None
+            names = set(z.namelist())
+            if RELEASE_FILE not in names:
+                raise ReleaseError(f"{origin}: the wheel holds no {RELEASE_FILE}")
+            files = {n: z.read(n) for n in (RELEASE_FILE,) + COMPANIONS if n in names}
     except zipfile.BadZipFile:
         raise ReleaseError(f"{origin}: {wheel.name} is not a wheel (not a zip file)") from None
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
         staged = Path(tmp) / folder.name
-        (staged / RELEASE_FILE).parent.mkdir(parents=True)
-        (staged / RELEASE_FILE).write_bytes(data)
+        for name, data in files.items():
+            (staged / name).parent.mkdir(parents=True, exist_ok=True)
+            (staged / name).write_bytes(data)
         _manifest(staged).write_text(json.dumps({
             "origin": origin, "wheel": wheel.name, "wheel_sha256": sha256(wheel),
-            "file_sha256": hashlib.sha256(data).hexdigest()}, indent=1) + "\n")
+            "sha256": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}},
+            indent=1) + "\n")
         if folder.exists():  # a stale or corrupt entry: replace it whole
             os.replace(folder, Path(tmp) / "old")
         os.replace(staged, folder)
@@ -131,6 +142,15 @@ def checkout_file(root: Path) -> Path:
             return candidate
     raise ReleaseError(f"sglang:{root}: no {RELEASE_FILE} under it (expected an SGLang "
                        f"checkout, a flashinfer.py, a wheel or a release version)")
+
+
+def companion_file(dispatcher_file: Path, name: str) -> Path | None:
+    """``name`` (one of COMPANIONS) in the same tree as ``dispatcher_file``, if it is there."""
+    parents = Path(dispatcher_file).resolve().parents
+    if len(parents) < 6:
+        return None
+    found = parents[5] / name
+    return found if found.is_file() else None
 
 
 def installed_file() -> Path:

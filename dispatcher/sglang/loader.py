@@ -10,24 +10,29 @@ every rank's dispatch() sees the whole world (MoE shapes included), never a rebu
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
+from collections import OrderedDict
+import logging
 import inspect
 import sys
 import types
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 from unittest import mock
 
-from ..model.sglang_context import SGLangContext
+from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from . import fetch
-from .standins import Launched, RoutedAround, StandardTopKOutput, _Group, _State, current, stand_in_modules
+from .standins import (Hooks, LaunchRecord, Launched, RoutedAround, StandardTopKOutput, _Group,
+                       _State, current, mlp_tp_gather, stand_in_globals, stand_in_modules)
 
-__all__ = ["Outcome", "SGLangRelease", "SGLangAssertion", "load_release", "release_from_spec"]
+__all__ = ["Outcome", "SGLangRelease", "BoundStep", "SGLangAssertion", "load_release",
+           "release_from_spec"]
 
 
 class SGLangAssertion(AssertionError):
@@ -36,18 +41,31 @@ class SGLangAssertion(AssertionError):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one EP rank's dispatch() did: launched the A2A with ``runtime``, routed the
-    batch around it (all-gather prefill), or raised ``error``."""
+    """What one EP rank's dispatch() did: launched the A2A (``launch`` holds what it
+    constructed and passed), routed the batch around it (all-gather prefill), or raised
+    ``error``; ``seen_dp_global`` is what ``get_dp_global_num_tokens()`` handed it."""
 
-    runtime: Optional[int] = None
+    launch: Optional[LaunchRecord] = None
     routed_around: bool = False
     error: Optional[str] = None
+    seen_dp_global: object = "not read"
+
+    @property
+    def runtime(self):
+        return None if self.launch is None else self.launch.runtime
+
+
+_SANDBOX_DEPTH = [0]
 
 
 @contextmanager
 def _sandbox():
     """The stand-in modules, and torch's allocators sending "cuda" tensors to the CPU (old
-    releases pre-allocate dummy tensors on "cuda" in __init__; their values are never read)."""
+    releases pre-allocate dummy tensors on "cuda" in __init__; their values are never read).
+    Re-entrant: a step enters it once for all its ranks."""
+    if _SANDBOX_DEPTH[0]:
+        yield
+        return
     import torch
 
     def to_cpu(fn):
@@ -61,7 +79,11 @@ def _sandbox():
         stack.enter_context(mock.patch.dict(sys.modules, stand_in_modules()))
         for name in ("empty", "full", "zeros", "ones"):
             stack.enter_context(mock.patch.object(torch, name, to_cpu(getattr(torch, name))))
-        yield
+        _SANDBOX_DEPTH[0] += 1
+        try:
+            yield
+        finally:
+            _SANDBOX_DEPTH[0] -= 1
 
 
 @dataclass(repr=False, eq=False)
@@ -73,7 +95,10 @@ class SGLangRelease:
     label: str
     module: types.ModuleType
     sha256: str
-    _instances: Dict[tuple, object] = field(default_factory=dict, repr=False)
+    hooks: Hooks = Hooks()
+    _instances: "OrderedDict[tuple, object]" = field(default_factory=OrderedDict, repr=False)
+    _input_cache: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
+    MAX_INSTANCES = 2048  # constructed dispatchers kept (LRU): one per rank and shape
 
     @property
     def spec(self) -> str:
@@ -89,25 +114,20 @@ class SGLangRelease:
         raise TypeError(f"{self.spec} runs SGLang's dispatch() for a whole world: call "
                         f"bind(world)(view), as dispatcher.model.properties.rule_values does")
 
-    def bind(self, world: World, ctx: SGLangContext = SGLangContext()) -> Callable[[RankView], int]:
-        """The policy for one world: each rank's call runs that rank's dispatch()."""
-        def rank_policy(view: RankView) -> int:
-            out = self.outcome(world, view.ep_rank, ctx)
-            if out.error and not world.payload_fits_cap:  # its clear refusal is the right answer
-                raise CapExceeded(f"SGLang {self.label} refused: {out.error}")
-            if out.error:
-                raise SGLangAssertion(f"SGLang {self.label} dispatch() raised {out.error}")
-            if out.routed_around:
-                raise SGLangAssertion(f"SGLang {self.label} did not launch the A2A in "
-                                      f"{ctx.forward_mode} mode")
-            return out.runtime
-        return rank_policy
+    def bind(self, world: World, ctx: SGLangContext = SGLangContext()) -> "BoundStep":
+        """The policy for one world: each rank's call is that rank's dispatch() runtime."""
+        return BoundStep(self, world, ctx)
 
     def _dispatcher(self, world: World, rank: int, ctx: SGLangContext):
         moe = world.moe
         key = (world.ep_size, rank, moe.hidden_size, moe.top_k, moe.num_experts, moe.payload,
-               ctx.speculative, world.max_num_tokens, world.dp_size, ctx.sp_prefill_a2a)
-        if key not in self._instances:
+               ctx.speculative, world.max_num_tokens, world.dp_size, ctx.sp_prefill_a2a,
+               ctx.cap_from_env, ctx.chunked_prefill_size)
+        if key in self._instances:
+            self._instances.move_to_end(key)
+        else:
+            if len(self._instances) >= self.MAX_INSTANCES:
+                self._instances.popitem(last=False)
             cls = self.module.FlashinferDispatcher
             kwargs = dict(group=_Group(world, rank), router_topk=moe.top_k,
                           num_experts=moe.num_experts,
@@ -115,42 +135,149 @@ class SGLangRelease:
                           hidden_size=moe.hidden_size)
             if "enable_sp_prefill_a2a" in inspect.signature(cls.__init__).parameters:
                 kwargs["enable_sp_prefill_a2a"] = ctx.sp_prefill_a2a  # server arg, 0.5.2x
-            d = cls(**kwargs)
+            d = cls(**kwargs)  # SGLang constructs its MoeAlltoAll (cap, workspace) itself
             quant = {}
             if moe.payload == "nvfp4":
                 quant["input_global_scale"] = 1.0
             elif moe.payload == "mxfp8":
                 quant["use_mxfp8"] = True
             d.set_quant_config(quant)
-            d.max_num_tokens = world.max_num_tokens  # the world's cap (constructed from it)
             self._instances[key] = d
         return self._instances[key]
 
-    def outcome(self, world: World, rank: int, ctx: SGLangContext = SGLangContext()) -> Outcome:
-        """Run this release's dispatch() as EP rank ``rank`` of ``world``."""
-        import torch
-
-        if max(world.group_tokens) == 0:
-            raise NotApplicable("every DP group is idle: SGLang's scheduler runs no forward")
-        token = current.set(_State(world, rank, ctx))
+    @contextmanager
+    def _as_rank(self, world: World, rank: int, ctx: SGLangContext):
+        state = _State(world, rank, ctx, self.hooks)
+        token = current.set(state)
         try:
             with _sandbox():  # releases import sglang.* lazily inside __init__/dispatch too
+                yield state
+        finally:
+            current.reset(token)
+
+    def records_every_group(self, world: World, ctx: SGLangContext = SGLangContext()) -> bool:
+        """Whether every DP group's count is shared for these server args: this release's
+        own ``require_mlp_tp_gather()``, and an all-gather that is not skipped."""
+        if not world.dp_attention or ctx.skip_all_gather:
+            return not ctx.skip_all_gather
+        with self._as_rank(world, 0, ctx):
+            return mlp_tp_gather()
+
+    def replay_world(self, world: World, ctx: SGLangContext) -> Optional[World]:
+        """The padded step a CUDA-graph replay runs: each DP group's batch rounded up to
+        its bucket, chosen from the cross-rank max when the scheduler all-gathers counts
+        and from the group's own batch otherwise (SGLang #30242 / #30450). ``None`` when a
+        batch is larger than every bucket (the step runs eagerly)."""
+        shared = self.records_every_group(world, ctx)
+        need = [max(world.group_tokens)] * world.dp_size if shared else list(world.group_tokens)
+        if max(need) > CAPTURE_SIZES[-1]:
+            return None
+        buckets = tuple(min(b for b in CAPTURE_SIZES if b >= max(n, 1)) for n in need)
+        return replace(world, group_tokens=buckets, max_len_padding=False)
+
+    def outcome(self, world: World, rank: int, ctx: SGLangContext = SGLangContext()) -> Outcome:
+        """Run this release's dispatch() as EP rank ``rank`` of ``world``. In ``replay``
+        mode, the value is the one baked when the rank captured its bucket's graph."""
+        if max(world.group_tokens) == 0 and not (ctx.skip_all_gather and world.dp_attention):
+            raise NotApplicable("every DP group is idle: SGLang's scheduler runs no forward "
+                                "(no idle batch unless the all-gather is skipped)")
+        if ctx.forward_mode == "replay":
+            replayed = self.replay_world(world, ctx)
+            if replayed is None:
+                raise NotApplicable("batch larger than every CUDA-graph bucket: runs eagerly")
+            tp = world.attn_tp_size
+            captured = replace(replayed, group_tokens=(replayed.group_tokens[rank // tp],) * world.dp_size)
+            return self.outcome(captured, rank, replace(ctx, forward_mode="capture"))
+        with self._as_rank(world, rank, ctx) as state:
+            try:
                 d = self._dispatcher(world, rank, ctx)
                 for attr in ("runtime_max_tokens_per_rank", "active_moe_a2a", "active_a2a_namespace"):
                     d.__dict__.pop(attr, None)
-                n, moe = world.rows_per_rank[rank], world.moe
-                x = torch.zeros(n, moe.hidden_size, dtype=torch.bfloat16)
-                ids = (torch.arange(n * moe.top_k) % moe.num_experts).view(n, moe.top_k)
-                d.dispatch(x, StandardTopKOutput(torch.ones(n, moe.top_k), ids, None))
-            return Outcome(routed_around=True)  # returned without launching the A2A
-        except Launched as launched:
-            return Outcome(runtime=launched.runtime)
-        except RoutedAround:
-            return Outcome(routed_around=True)
-        except Exception as exc:  # noqa: BLE001 - SGLang's own verdict, reported as such
-            return Outcome(error=f"{type(exc).__name__}: {exc}")
-        finally:
-            current.reset(token)
+                d.dispatch(*self._inputs(world.rows_per_rank[rank], world.moe))
+                return Outcome(routed_around=True, seen_dp_global=state.seen_dp_global)
+            except Launched as launched:
+                return Outcome(launch=launched.record, seen_dp_global=state.seen_dp_global)
+            except RoutedAround:
+                return Outcome(routed_around=True, seen_dp_global=state.seen_dp_global)
+            except Exception as exc:  # noqa: BLE001 - SGLang's own verdict, reported as such
+                return Outcome(error=f"{type(exc).__name__}: {exc}",
+                               seen_dp_global=state.seen_dp_global)
+
+    def _inputs(self, n: int, moe):
+        """dispatch()'s arguments for ``n`` rows (values are never read for sizing): bf16
+        hidden states, int32 top-k ids, fp32 weights; cached, SGLang does not write them."""
+        import torch
+
+        key = (n, moe.hidden_size, moe.top_k, moe.num_experts)
+        if key not in self._input_cache:
+            if len(self._input_cache) > 256:
+                self._input_cache.clear()
+            ids = (torch.arange(n * moe.top_k, dtype=torch.int32) % moe.num_experts)
+            self._input_cache[key] = (
+                torch.zeros(n, moe.hidden_size, dtype=torch.bfloat16),
+                StandardTopKOutput(torch.ones(n, moe.top_k), ids.view(n, moe.top_k), None))
+        return self._input_cache[key]
+
+    def step(self, world: World, ctx: SGLangContext = SGLangContext()) -> List[Outcome]:
+        """Every EP rank's outcome for one step."""
+        with _sandbox():
+            return [self.outcome(world, r, ctx) for r in range(world.ep_size)]
+
+
+class BoundStep:
+    """A release bound to one (world, context): called with a rank's view it returns the
+    runtime that rank's dispatch() launched with; ``notes()`` says what each rank saw. The
+    whole step runs on the first call; asking for a rank again runs it again (so the
+    determinism check of ``rule_values`` sees a fresh answer)."""
+
+    def __init__(self, release: SGLangRelease, world: World, ctx: SGLangContext):
+        self.release, self.world, self.ctx = release, world, ctx
+        self.outcomes: Optional[List[Outcome]] = None
+        self._served: set = set()
+        self.spec = release.spec
+        self.replay_args = "" if ctx == SGLangContext() else f" --context \"{ctx!r}\""
+
+    def __call__(self, view: RankView) -> int:
+        rank, label = view.ep_rank, self.release.label
+        if self.outcomes is None:
+            self.outcomes = self.release.step(self.world, self.ctx)
+        out = self.outcomes[rank]
+        if rank in self._served:
+            out = self.release.outcome(self.world, rank, self.ctx)
+        self._served.add(rank)
+        if out.error and not self.world.payload_fits_cap:  # its clear refusal is the right answer
+            raise CapExceeded(f"SGLang {label} refused: {out.error}")
+        if out.error:
+            raise SGLangAssertion(f"SGLang {label} dispatch() raised {out.error}")
+        if out.routed_around:
+            raise SGLangAssertion(f"SGLang {label} did not launch the A2A in "
+                                  f"{self.ctx.forward_mode} mode")
+        return out.runtime
+
+    def notes(self) -> str:
+        if not self.outcomes:
+            return ""
+        from .classes import describe_outcomes
+
+        return (f"  what SGLang {self.release.label} saw and did:\n"
+                + describe_outcomes(self.outcomes, self.world))
+
+
+def _companion(path: Optional[Path], name: str) -> Optional[Callable]:
+    """Function ``name`` from one of the release's companion files, run on the stand-ins
+    (only that function's own source is compiled; annotations are dropped)."""
+    if path is None:
+        return None
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+                arg.annotation = None
+            node.returns = None
+            namespace = stand_in_globals()
+            exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+            return namespace[name]
+    return None
 
 
 _LOADED: Dict[str, SGLangRelease] = {}
@@ -176,10 +303,16 @@ def load_release(path, label: Optional[str] = None) -> SGLangRelease:
     except Exception as exc:
         raise fetch.ReleaseError(f"sglang:{path}: loading it raised {type(exc).__name__}: "
                                  f"{exc}") from exc
+    logging.getLogger(name).setLevel(logging.ERROR)  # e.g. "No tokens on this DP worker"
     if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
         raise fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
                                  f"not SGLang's token_dispatcher/flashinfer.py")
-    release = SGLangRelease(path, label or str(path), module, digest)
+    hooks = Hooks(
+        require_mlp_tp_gather=_companion(fetch.companion_file(path, fetch.COMPANIONS[0]),
+                                         "require_mlp_tp_gather"),
+        a2a_cap=_companion(fetch.companion_file(path, fetch.COMPANIONS[1]),
+                           "flashinfer_a2a_max_dispatch_tokens_per_rank"))
+    release = SGLangRelease(path, label or str(path), module, digest, hooks)
     _LOADED[digest] = release
     return release
 

@@ -11,26 +11,42 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import functools
+import inspect
 import types
 from dataclasses import dataclass
-from typing import Dict, NamedTuple
+from typing import Callable, Dict, NamedTuple, Optional
 
-from ..model.sglang_context import SGLangContext
+from ..model.sglang_context import DERIVED_CAP_FLOOR, SGLangContext
 from ..model.validation import CAP_ENV
 from ..model.workspace import PayloadFormat, dispatch_payloads, workspace_size_per_rank
 from ..model.world import World
+from ..sizing import ceil_align
 
-__all__ = ["Launched", "RoutedAround", "StandIn", "stand_in_modules", "current"]
+__all__ = ["Launched", "LaunchRecord", "RoutedAround", "Hooks", "StandIn", "stand_in_modules",
+           "stand_in_globals", "current", "recorded_dp_global"]
 
 
 class Launched(Exception):
-    def __init__(self, runtime):
-        super().__init__(runtime)
-        self.runtime = runtime
+    """dispatch() reached FlashInfer's launch: ``record`` holds what it passed."""
+
+    def __init__(self, record):
+        super().__init__(record)
+        self.record = record
 
 
 class RoutedAround(Exception):
     """dispatch() sent the batch around the A2A (prefill all-gather, standard dispatcher)."""
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Functions of the release under test that live beside its dispatcher file (loaded
+    from its own ``utils/common.py`` / ``arg_groups/overrides.py``; ``None`` where the tree
+    under test has no such file, and then the stand-in's documented default answers)."""
+
+    require_mlp_tp_gather: Optional[Callable] = None
+    a2a_cap: Optional[Callable] = None
 
 
 @dataclass
@@ -38,6 +54,8 @@ class _State:
     world: World
     rank: int
     ctx: SGLangContext
+    hooks: Hooks
+    seen_dp_global: object = "not read"
 
 
 current: contextvars.ContextVar[_State] = contextvars.ContextVar("sglang_world")
@@ -48,18 +66,57 @@ def _state() -> _State:
 
 
 # --- stand-ins for what SGLang reads -------------------------------------------------------
-def get_dp_global_num_tokens():
-    """The scheduler's list. DP attention always records it (FlashInfer A2A forces
-    require_mlp_tp_gather; CUDA-graph capture records [bs] * dp_size); without DP attention,
-    capture records nothing (None), eager decode one pre-scatter entry."""
+def mlp_tp_gather() -> bool:
+    """The release's own ``require_mlp_tp_gather()`` for this world's server args. Without
+    the release's ``utils/common.py``: True under DP attention (what every release since the
+    fix of SGLang #30242 returns for FlashInfer A2A)."""
     s = _state()
-    w = s.world
-    if w.dp_attention:  # recorded in every mode; unrecorded worlds run one uniform batch
-        return list(w.padded_group_tokens)
-    if s.ctx.forward_mode == "capture":
+    fn = s.hooks.require_mlp_tp_gather
+    if fn is None:
+        return s.world.dp_attention
+    return bool(fn(_server_args()) if _takes_server_args(fn) else fn())
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_server_args(fn) -> bool:
+    """Older releases take ``server_args``; newer ones read the runtime context."""
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in inspect.signature(fn).parameters.values())
+
+
+def recorded_dp_global(world: World, ctx: SGLangContext, rank: int, gather: bool):
+    """What ``get_dp_global_num_tokens()`` returns on EP rank ``rank`` (docs/sglang.md):
+
+    - DP attention: every group's padded count when the scheduler all-gathers them
+      (``require_mlp_tp_gather()``), else only this rank's group's count (SGLang #27945);
+      with ``SGLANG_SCHEDULER_SKIP_ALL_GATHER`` nothing is gathered: ``None``, or the local
+      count where the gather is not required (scheduler ``_update_gather_batch``);
+    - no DP attention: the one pre-scatter count, or nothing where the world records
+      nothing; CUDA-graph capture records nothing;
+    - a speculative draft forward sees the target step's counts, ``draft_extra_tokens``
+      fewer per busy group than it holds (at least 1).
+    """
+    tp = world.attn_tp_size
+    counts = world.group_tokens
+    if ctx.draft_forward:
+        counts = tuple(max(1, n - ctx.draft_extra_tokens) if n else 0 for n in counts)
+    padded = [ceil_align(n, tp) for n in counts]
+    if world.max_len_padding:
+        padded = [max(padded)] * len(padded)
+    if world.dp_attention:
+        if not gather:
+            return [padded[rank // tp]]
+        return None if ctx.skip_all_gather else padded
+    if ctx.forward_mode == "capture" or world.dp_global is None:
         return None
-    dpg = w.dp_global
-    return None if dpg is None else list(dpg)
+    return [] if world.dp_global == () else padded
+
+
+def get_dp_global_num_tokens():
+    s = _state()
+    value = recorded_dp_global(s.world, s.ctx, s.rank, mlp_tp_gather() if s.world.dp_attention else False)
+    s.seen_dp_global = value
+    return value
 
 
 def is_dp_attention_enabled():
@@ -68,6 +125,10 @@ def is_dp_attention_enabled():
 
 def get_is_extend_in_batch():
     return _state().ctx.forward_mode in ("extend", "mixed")
+
+
+def get_is_capture_mode():
+    return _state().ctx.forward_mode == "capture"
 
 
 class _Group:
@@ -87,13 +148,25 @@ class _Group:
         raise RoutedAround()
 
 
+class _Args(types.SimpleNamespace):
+    """Server args / parallel state: the fields listed; any other fails by name."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"the SGLang adapter has no stand-in for the server arg or "
+                             f"parallel field {name!r}: add it in dispatcher/sglang/standins.py")
+
+
 def get_parallel():
     s = _state()
-    w = s.world
-    return types.SimpleNamespace(
-        attn_tp_size=w.attn_tp_size, attn_dp_enabled=w.dp_attention, num_dp_ranks=w.dp_size,
-        tp_size=w.ep_size, moe_dense_tp_size=s.ctx.moe_dense_tp_size,
-        enable_dp_lm_head=s.ctx.enable_dp_lm_head, tp_group=_Group(w, s.rank))
+    return _Args(**vars(_server_args()), attn_tp_size=s.world.attn_tp_size,
+                 attn_dp_enabled=s.world.dp_attention, num_dp_ranks=s.world.dp_size,
+                 tp_group=_Group(s.world, s.rank))
+
+
+def get_exec():
+    return types.SimpleNamespace(moe=types.SimpleNamespace(elastic_ep_backend=None))
 
 
 def get_forward():
@@ -117,44 +190,53 @@ def get_spec():
 def _server_args():
     s = _state()
     w = s.world
-    return types.SimpleNamespace(
+    return _Args(
         speculative_algorithm=_spec_name(), enable_dp_attention=w.dp_attention, dp_size=w.dp_size,
         tp_size=w.ep_size, ep_size=w.ep_size, moe_dense_tp_size=s.ctx.moe_dense_tp_size,
         enable_dp_lm_head=s.ctx.enable_dp_lm_head, moe_a2a_backend="flashinfer",
-        chunked_prefill_size=w.max_num_tokens, flashinfer_a2a_dispatch_type="bf16")
+        chunked_prefill_size=s.ctx.chunked_prefill_size, elastic_ep_backend=None,
+        disable_attn_tp_gather=False, flashinfer_a2a_dispatch_type="bf16")
 
 
 def get_schedule():
-    return types.SimpleNamespace(chunked_prefill_size=_state().world.max_num_tokens)
+    return types.SimpleNamespace(chunked_prefill_size=_state().ctx.chunked_prefill_size)
 
 
 def max_prefill_buffer_tokens():
-    return _state().world.max_num_tokens
+    return _state().ctx.chunked_prefill_size
 
 
-def flashinfer_a2a_max_dispatch_tokens_per_rank(*_a, **_k):
-    return _state().world.max_num_tokens
+def flashinfer_a2a_max_dispatch_tokens_per_rank(prefill_buffer_tokens, *a, **k):
+    """The release's own cap derivation (arg_groups/overrides.py, 0.5.22+); without it, the
+    env var or ``max(prefill_buffer_tokens, 4096)``, as those releases do."""
+    fn = _state().hooks.a2a_cap
+    if fn is not None:
+        return fn(prefill_buffer_tokens, *a, **k)
+    configured = _Env(CAP_ENV).get()
+    return configured if configured is not None else max(prefill_buffer_tokens, DERIVED_CAP_FLOOR)
 
 
-def require_mlp_tp_gather(server_args=None, **_k):
-    """SGLang 0.5.14's helper (the only release that imports it here), on the world."""
-    a = server_args or _server_args()
-    if a.enable_dp_attention:
-        assert a.dp_size > 1, "dp_size must be greater than 1"
-        if a.moe_dense_tp_size is None or not a.enable_dp_lm_head:
-            return True
-        return a.moe_dense_tp_size > a.tp_size // a.dp_size
-    return False
+def require_mlp_tp_gather(*a, **k):
+    """Imported by the dispatcher of 0.5.14 / 0.5.15: the release's own function."""
+    return mlp_tp_gather()
 
 
 class _Env:
+    """``envs.NAME`` / ``get_int_env_var``: the cap (when the context sets it) and whether
+    NVFP4 dispatch is on; every other variable is unset."""
+
     def __init__(self, name):
         self.name = name
 
-    def get(self):
+    def get(self, default=None):
+        s = current.get(None)
+        if s is None:  # read at import time, before any world: unset
+            return default if default is not None else False
         if self.name == CAP_ENV:
-            return _state().world.max_num_tokens
-        return False
+            return s.world.max_num_tokens if s.ctx.cap_from_env else default
+        if self.name == "SGLANG_MOE_NVFP4_DISPATCH":
+            return s.world.moe.payload == "nvfp4"
+        return default if default is not None else False
 
 
 class _Envs:
@@ -163,18 +245,31 @@ class _Envs:
 
 
 def get_int_env_var(name, default=0):
-    return _Env(name).get() if name.startswith("SGLANG_FLASHINFER") else default
+    return _Env(name).get(default)
 
 
-class _RunnerBackend:
-    def __getattr__(self, name):
-        if name.startswith("is_"):
-            return lambda: False
-        raise AttributeError(name)
+class _Backend:
+    """A backend enum member: ``is_<name>()`` is True for its own name only."""
+
+    def __init__(self, name=""):
+        self.name = name
+
+    def __getattr__(self, attr):
+        if attr.startswith("is_"):
+            return lambda: attr[3:] == self.name
+        raise AttributeError(attr)
 
 
 def get_moe_runner_backend():
-    return _RunnerBackend()
+    return _Backend()  # no runner-specific path (cutlass payload-in-workspace etc.)
+
+
+def get_moe_a2a_backend():
+    return _Backend("flashinfer")
+
+
+class MoeA2ABackend(_Backend):
+    pass
 
 
 class FlashinferA2ADispatchType(enum.Enum):
@@ -239,15 +334,34 @@ class StandardDispatcher(BaseDispatcher):
 
 
 # --- stand-ins for FlashInfer: the recorder ---------------------------------------------------
+@dataclass(frozen=True)
+class LaunchRecord:
+    """What SGLang constructed its ``MoeAlltoAll`` with and passed to ``dispatch``."""
+
+    runtime: object
+    max_num_tokens: object
+    workspace_size_per_rank: object
+    invalid_token_expert_id: object
+    num_experts: object
+    payload_bytes_per_token: Optional[int]  # None when no row was sent
+
+
 class MoeAlltoAll:
-    """Records the runtime SGLang passes and stops dispatch() right there."""
+    """Records what SGLang constructs and passes, and stops dispatch() at the launch."""
 
     def __init__(self, mapping=None, max_num_tokens=None, top_k=None, num_experts=None,
                  workspace_size_per_rank=None, mnnvl_config=None, **_k):
         self.max_num_tokens = max_num_tokens
+        self.workspace_size_per_rank = workspace_size_per_rank
+        self.num_experts = num_experts
 
-    def dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *a, **k):
-        raise Launched(runtime_max_tokens_per_rank)
+    def dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
+                 invalid_token_expert_id=None, expert_id_payload_index=None, **_k):
+        rows = input_payloads[0].shape[0] if input_payloads else 0
+        size = (sum(p.numel() * p.element_size() for p in input_payloads) // rows) if rows else None
+        raise Launched(LaunchRecord(runtime_max_tokens_per_rank, self.max_num_tokens,
+                                    self.workspace_size_per_rank, invalid_token_expert_id,
+                                    self.num_experts, size))
 
 
 def moe_a2a_get_workspace_size_per_rank(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
@@ -293,7 +407,7 @@ def _table() -> Dict[str, Dict[str, object]]:
           "get_is_extend_in_batch": get_is_extend_in_batch}
     ctx = {"get_flags": get_flags, "get_forward": get_forward, "get_parallel": get_parallel,
            "get_spec": get_spec, "get_schedule": get_schedule, "get_server_args": _server_args,
-           "max_prefill_buffer_tokens": max_prefill_buffer_tokens}
+           "get_exec": get_exec, "max_prefill_buffer_tokens": max_prefill_buffer_tokens}
     logging_ = {"debug_kernel_api": _identity}
     return {
         "sglang": {}, "sglang.srt": {}, "sglang.kernels": {}, "sglang.srt.layers": {},
@@ -318,7 +432,11 @@ def _table() -> Dict[str, Dict[str, object]]:
         "sglang.srt.layers.moe.utils": {
             "FlashinferA2ADispatchType": FlashinferA2ADispatchType,
             "get_flashinfer_a2a_dispatch_type": get_flashinfer_a2a_dispatch_type,
-            "get_moe_runner_backend": get_moe_runner_backend},
+            "get_moe_runner_backend": get_moe_runner_backend,
+            "get_moe_a2a_backend": get_moe_a2a_backend, "MoeA2ABackend": MoeA2ABackend},
+        "sglang.srt.model_executor": {}, "sglang.srt.model_executor.runner_utils": {},
+        "sglang.srt.model_executor.runner_utils.capture_mode": {
+            "get_is_capture_mode": get_is_capture_mode},
         "sglang.srt.layers.quantization": {},
         "sglang.srt.layers.quantization.fp4_utils": {"fp4_quantize": _fp4_quantize},
         "sglang.srt.runtime_context": ctx,
@@ -354,3 +472,12 @@ def stand_in_modules() -> Dict[str, types.ModuleType]:
         m.__path__ = []  # a package, so submodule imports resolve through sys.modules
         mods[name] = m
     return mods
+
+
+def stand_in_globals() -> Dict[str, object]:
+    """Every stand-in name, for running a release's companion function (its module-level
+    names, e.g. ``envs`` or ``get_parallel``, answered by the stand-ins)."""
+    names: Dict[str, object] = {"ServerArgs": object}
+    for attrs in _table().values():
+        names.update(attrs)
+    return names

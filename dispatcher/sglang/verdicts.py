@@ -1,41 +1,60 @@
-"""Measure what an SGLang release's dispatch() does to every property, and print the table.
+"""Measure SGLang releases against every bug class and every property; print the tables.
 
-    python -m dispatcher.sglang_verdicts 0.5.10 0.5.14 0.5.16 0.5.23 [PATH ...]
+    python -m dispatcher.sglang_verdicts                     # every distinct release 0.5.10-0.5.23
+    python -m dispatcher.sglang_verdicts 0.5.23 /path/to/sglang
 
-For each property Hypothesis searches the suite's own worlds (decode mode, as the A2A runs)
-for a violation and shrinks it; "no crash" is SGLang raising where a valid runtime exists.
-Worlds SGLang cannot produce (every DP group idle) and over-cap worlds it refuses with its own
-error are not counterexamples. The extend column says what the release does with an extend
-(prefill) batch: launch the A2A or route around it (all-gather).
+Bug classes (``classes.py``): for each release and class, Hypothesis searches that class's
+regime (``strategies.sglang_steps``) for a step where the release's own dispatch() breaks the
+class's check, and shrinks it. Properties: the same for each property of the sizing rule in
+eager decode. "pass" means no counterexample in the search; every FAIL comes with its shrunk
+step, readable in docs/sglang.md and replayable with ``python -m dispatcher``.
 """
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
-from strategies import worlds
+from strategies import sglang_steps, worlds
 from strategies.search import minimal
 
 from ..model.properties import COLUMNS, RuleCrashed, breaks, rule_values
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
-from ..policies import PolicyError, load_policy
-from .loader import SGLangRelease
+from .classes import BUG_CLASSES, check_step
+from .fetch import ReleaseError
+from .loader import SGLangRelease, release_from_spec
 
-__all__ = ["Verdict", "verdicts", "extend_behaviour", "table", "main"]
+__all__ = ["RELEASES", "CLASS_EXAMPLES", "PROPERTY_EXAMPLES", "Verdict", "class_verdicts",
+           "property_verdicts", "tables", "main"]
 
-SEARCH_EXAMPLES = 1500
+# Every release on the package index whose dispatcher file differs from the one before
+# (0.5.11 = 0.5.10, 0.5.21 = 0.5.20, byte for byte).
+RELEASES = ("0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18",
+            "0.5.19", "0.5.20", "0.5.22", "0.5.23")
+CLASS_EXAMPLES = 300
+PROPERTY_EXAMPLES = 1500
 
 
 @dataclass(frozen=True)
 class Verdict:
     column: str
-    world: Optional[World]  # the shrunk counterexample, None when the property holds
+    example: Optional[Tuple[World, SGLangContext]]  # shrunk counterexample, None: holds
     detail: str = ""
 
 
-def verdicts(release: SGLangRelease, max_examples: int = SEARCH_EXAMPLES) -> Dict[str, Verdict]:
+def class_verdicts(release: SGLangRelease, max_examples: int = CLASS_EXAMPLES) -> Dict[str, Verdict]:
+    out = {}
+    for key in BUG_CLASSES:
+        found = minimal(sglang_steps(key), lambda wc, key=key: check_step(release, key, *wc) is not None,
+                        max_examples)
+        detail = "" if found is None else check_step(release, key, *found).splitlines()[0]
+        out[key] = Verdict(key, found, detail.split("] ", 1)[-1])
+    return out
+
+
+def property_verdicts(release: SGLangRelease, max_examples: int = PROPERTY_EXAMPLES) -> Dict[str, Verdict]:
     out = {}
     for column in COLUMNS:
         world = minimal(worlds(), breaks(release, column), max_examples)
@@ -47,41 +66,49 @@ def verdicts(release: SGLangRelease, max_examples: int = SEARCH_EXAMPLES) -> Dic
             detail = f"returns {sorted(set(values))}, ideal {world.ideal_runtime}"
         except RuleCrashed as exc:
             detail = str(exc).splitlines()[0].split(" raised ", 1)[-1][:110]
-        out[column] = Verdict(column, world, detail)
+        out[column] = Verdict(column, (world, SGLangContext()), detail)
     return out
 
 
-def extend_behaviour(release: SGLangRelease) -> str:
-    world = World(ep_size=4, dp_size=1, group_tokens=(9,), max_num_tokens=64)
-    o = release.outcome(world, 0, SGLangContext(forward_mode="extend"))
-    if o.routed_around:
-        return "routed around the A2A (all-gather)"
-    return f"A2A with runtime {o.runtime} (ideal {world.ideal_runtime})" if o.error is None else o.error
-
-
-def table(specs) -> str:
-    lines = ["| release | " + " | ".join(COLUMNS) + " | extend batch |",
-             "|---" * (len(COLUMNS) + 2) + "|"]
-    notes = []
-    for spec in specs:
-        release = load_policy(spec if spec.startswith("sglang") else f"sglang:{spec}")[1]
-        v = verdicts(release)
+def _table(title: str, columns: List[str], rows: List[Tuple[str, Dict[str, Verdict]]],
+           notes: List[str]) -> str:
+    lines = [f"| {title} | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for label, verdicts in rows:
         cells = []
-        for c in COLUMNS:
-            if v[c].world is None:
+        for c in columns:
+            v = verdicts[c]
+            if v.example is None:
                 cells.append("pass")
-            else:
-                cells.append(f"**FAIL** [{len(notes) + 1}]")
-                notes.append(f"[{len(notes) + 1}] {release.label} {c}: `{v[c].world!r}` -> {v[c].detail}")
-        lines.append(f"| {release.label} | " + " | ".join(cells) + f" | {extend_behaviour(release)} |")
-    return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+                continue
+            notes.append(f"[{len(notes) + 1}] {label} {c}: {v.detail}; `{v.example[0]!r}`"
+                         + ("" if v.example[1] == SGLangContext() else f" with `{v.example[1]!r}`"))
+            cells.append(f"**FAIL** [{len(notes)}]")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tables(specs) -> str:
+    """The bug-class table and the property table, with numbered counterexamples."""
+    releases = [release_from_spec(s.partition("sglang:")[2] if s.startswith("sglang") else s)
+                for s in specs]
+    t0 = time.perf_counter()
+    by_class = [(r.label, class_verdicts(r)) for r in releases]
+    by_property = [(r.label, property_verdicts(r)) for r in releases]
+    notes: List[str] = []
+    header = [f"{c.title} ({c.record})" for c in BUG_CLASSES.values()]
+    first = _table("release", list(BUG_CLASSES), by_class, notes)
+    second = _table("release", list(COLUMNS), by_property, notes)
+    legend = " / ".join(f"`{k}`: {h}" for k, h in zip(BUG_CLASSES, header))
+    return (f"{first}\n\n{legend}\n\n{second}\n\n" + "\n".join(f"- {n}" for n in notes)
+            + f"\n\n(searched in {time.perf_counter() - t0:.0f} s: {CLASS_EXAMPLES} steps per "
+              f"class cell, {PROPERTY_EXAMPLES} worlds per property cell, derandomized)")
 
 
 def main(argv=None) -> int:
-    specs = (sys.argv[1:] if argv is None else argv) or ["0.5.10", "0.5.14", "0.5.16", "0.5.23"]
+    specs = (sys.argv[1:] if argv is None else argv) or list(RELEASES)
     try:
-        print(table(specs))
-    except PolicyError as exc:
+        print(tables(specs))
+    except (ReleaseError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -97,3 +97,14 @@ def test_prefix_rule_rejected_in_sp_worlds(single_gpu):
     assert not single_gpu.run(world, values).problems  # correct, just 4x the rows
     with pytest.raises(properties.PropertyViolation, match="tight"):
         properties.check_tight(world, values, "prefix_rule")
+
+
+def test_after_a_cuda_fault_every_later_run_fails_fast_naming_it(single_gpu):
+    """One dead CUDA context must not turn every later GPU test into an odd error: once a
+    run faulted, the next ones raise CudaContextDead naming the world that faulted."""
+    from dispatcher.gpu.single import CudaContextDead, SingleGpuA2A
+
+    probe = SingleGpuA2A()
+    probe.dead = "CUDA error: an illegal memory access while running World(...)"
+    with pytest.raises(CudaContextDead, match="died earlier .*illegal memory access"):
+        probe.run(World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4), [1, 1])

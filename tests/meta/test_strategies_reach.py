@@ -6,10 +6,11 @@ import pickle
 import pytest
 from hypothesis import given, settings
 
-from dispatcher.model.parse import parse_world
+from dispatcher.model.parse import parse_context, parse_world
 from dispatcher.model.world import MoeConfig
-from strategies import a2a_worlds, moe_configs, regimes, worlds
-from strategies.search import find_any, minimal
+from strategies import a2a_worlds, moe_configs, regimes, sglang_steps, worlds
+from strategies.search import assert_all_examples, find_any, minimal
+from strategies.sglang import REGIMES as SGLANG_REGIMES
 
 REGIMES = ["dp_global=recorded", "dp_global=none", "dp_global=empty", "dp_attention",
            "no_dp_attention", "sp_scatter", "dp_attention_with_attn_tp", "max_len_padding",
@@ -69,3 +70,46 @@ def test_worlds_follow_the_scheduler_model(world):
         assert all(d % tp == 0 for d in world.dp_global)
     else:
         assert len(set(world.rows_per_rank)) == 1
+
+
+@pytest.mark.parametrize("regime", [r for r in SGLANG_REGIMES if r != "any"])
+def test_every_step_of_a_regime_is_in_its_class(regime):
+    """sglang_steps(regime) draws only steps its bug class applies to (nothing wasted)."""
+    from dispatcher.sglang.classes import BUG_CLASSES
+
+    assert_all_examples(sglang_steps(regime), lambda step: BUG_CLASSES[regime].applies(*step))
+
+
+@pytest.mark.parametrize("label, condition", [
+    ("every forward mode", None),
+    ("all-idle under a skipped all-gather", lambda w, c: max(w.group_tokens) == 0),
+    ("a draft forward", lambda w, c: c.draft_forward),
+    ("a derived cap", lambda w, c: not c.cap_from_env and w.max_num_tokens >= 4096),
+    ("a collapsing config under DP attention",
+     lambda w, c: w.dp_attention and c.moe_dense_tp_size == 1 and c.enable_dp_lm_head),
+    ("SP prefill over its own A2A", lambda w, c: c.sp_prefill_a2a and c.forward_mode == "extend"
+     and not w.dp_attention and w.attn_tp_size > 1),
+])
+def test_any_sglang_step_reaches(label, condition):
+    from dispatcher.model.sglang_context import FORWARD_MODES
+
+    if condition is None:
+        for mode in FORWARD_MODES:
+            find_any(sglang_steps("any"), lambda step, mode=mode: step[1].forward_mode == mode)
+        return
+    find_any(sglang_steps("any"), lambda step: condition(*step))
+
+
+@settings(max_examples=200)
+@given(step=sglang_steps("any"))
+def test_sglang_steps_are_producible(step):
+    """Capture runs one batch size; skipping the all-gather needs equal batches; a derived
+    cap is max(chunked_prefill_size, 4096); nothing idle runs without the skip."""
+    world, ctx = step
+    if ctx.forward_mode == "capture" or ctx.skip_all_gather:
+        assert len(set(world.group_tokens)) == 1
+    if not ctx.cap_from_env:
+        assert world.max_num_tokens == ctx.expected_cap_when_derived
+    if max(world.group_tokens) == 0:
+        assert ctx.skip_all_gather and world.dp_attention
+    assert parse_context(repr(ctx)) == ctx

@@ -79,3 +79,53 @@ def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt(pools):
         pool.run(world, "dispatcher.sizing:ideal_rule")
     assert pool.restarts == before + 1
     pool.run(world, "dispatcher.sizing:ideal_rule")
+
+
+def test_a_python_error_on_a_rank_rebuilds_the_pool(pools):
+    """FlashInfer's own assert (runtime over the cap, validation bypassed) is a Python error
+    on every rank: the example fails with it, and the pool is rebuilt, never left with ranks
+    out of step."""
+    from dispatcher.gpu.rank_pool import RemoteError
+
+    pool = pools(2)
+    world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=64)
+    before = pool.restarts
+    with pytest.raises(RemoteError, match="AssertionError"):
+        pool.run(world, "ideal_rule", bypass=[65, 65])
+    assert pool.restarts == before + 1
+    pool.run(world, "dispatcher.sizing:ideal_rule")
+
+
+def test_rank_processes_exit_when_their_parent_is_killed(tmp_path):
+    """A killed pytest worker must not leave rank processes holding GPU memory."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from dispatcher.gpu.env import gpu_count\n"
+        "from dispatcher.gpu.rank_pool import RankPool\n"
+        "from strategies import GPU_SHAPES\n"
+        "pool = RankPool(2, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,\n"
+        "                GPU_SHAPES.largest.combine_bytes)\n"
+        "print(' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
+        "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
+                 "zombie" not in open(f"/proc/{p}/status").read()]
+    assert not alive, f"rank processes {alive} outlived their parent"

@@ -1,48 +1,146 @@
-"""SGLang's own ``FlashinferDispatcher.dispatch()``, unmodified, from pinned releases (files
-fetched from PyPI with ``pip download --no-deps``, verified and cached in ``.sglang/``).
+"""SGLang's own ``FlashinferDispatcher``, unmodified, from every distinct release 0.5.10-0.5.23
+(files fetched from PyPI with ``pip download --no-deps``, verified and cached in ``.sglang/``).
 
-EXPECTED is the verdict table of docs/sglang.md, measured with
-``python -m dispatcher.sglang_verdicts``; these tests re-measure it on every run, so a change
-in the adapter or in the world model that would change a verdict is caught. Run the whole
-CPU tier against any checkout with ``pytest -n auto --policy=sglang:PATH``.
+The EXPECTED tables are the verdict tables of docs/sglang.md, measured with
+``python -m dispatcher.sglang_verdicts``; these tests re-measure every cell on every run, so
+a change in the stand-ins or the world model that would change a verdict is caught, and each
+bug class is pinned with the shrunk counterexample of the first release that shipped it.
 """
 import pytest
 
 pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
-from hypothesis import event, given, reject, settings  # noqa: E402
-
 from dispatcher.model import properties  # noqa: E402
 from dispatcher.model.properties import COLUMNS, breaks  # noqa: E402
 from dispatcher.model.sglang_context import SGLangContext  # noqa: E402
 from dispatcher.model.world import MoeConfig, World  # noqa: E402
 from dispatcher.policies import PolicyError, load_policy  # noqa: E402
+from dispatcher.sglang.classes import BUG_CLASSES, check_step  # noqa: E402
 from dispatcher.sglang.loader import load_release  # noqa: E402
-from strategies import sglang_contexts, worlds  # noqa: E402
-from strategies.search import minimal  # noqa: E402
+from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
+from strategies import sglang_steps, worlds  # noqa: E402
+from strategies.search import assert_no_examples, find_any, minimal  # noqa: E402
 
-# release -> the properties it breaks (decode mode). 0.5.10 is before SGLang PR #25685.
-EXPECTED = {
+# release -> the bug classes it ships (docs/sglang.md, first table)
+EXPECTED_CLASSES = {
+    "0.5.10": {"sp-prescatter", "constructed-cap", "collapsed-dp-global", "cuda-graph-buckets",
+               "stale-draft", "padding-slots", "extend-over-cap"},
+    "0.5.12": {"sp-prescatter", "constructed-cap", "collapsed-dp-global", "cuda-graph-buckets",
+               "stale-draft", "extend-over-cap"},
+    "0.5.13": {"collapsed-dp-global", "cuda-graph-buckets", "stale-draft", "extend-over-cap"},
+    "0.5.14": {"sp-prescatter", "stale-draft", "extend-over-cap"},
+    "0.5.15": {"sp-prescatter", "cuda-graph-buckets", "all-idle", "stale-draft",
+               "extend-over-cap"},
+    "0.5.16": {"stale-draft", "extend-over-cap"},
+    "0.5.17": {"stale-draft", "extend-over-cap"},
+    "0.5.18": {"stale-draft", "extend-over-cap"},
+    "0.5.19": {"stale-draft"},
+    "0.5.20": {"stale-draft"},
+    "0.5.22": {"stale-draft"},
+    "0.5.23": {"stale-draft"},
+}
+# release -> the properties its eager-decode runtime breaks (docs/sglang.md, second table)
+EXPECTED_PROPERTIES = {
     "0.5.10": {"within-cap", "tight", "no crash"},
     "0.5.14": {"fits", "within-cap", "tight"},
     "0.5.16": {"within-cap", "tight"},
     "0.5.23": set(),
+}
+CLASS_EXAMPLES = 150  # per cell: a failing cell is found within a few dozen steps
+
+# The first release that ships each class, and the shrunk step it fails on (measured).
+FIRST_SEEN = {
+    "sp-prescatter": ("0.5.10", World(ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=1),
+                      SGLangContext()),
+    "constructed-cap": ("0.5.10", World(ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=1),
+                        SGLangContext()),
+    "collapsed-dp-global": ("0.5.10", World(ep_size=2, dp_size=2, group_tokens=(0, 1),
+                                            max_num_tokens=1),
+                            SGLangContext(moe_dense_tp_size=1, enable_dp_lm_head=True)),
+    "cuda-graph-buckets": ("0.5.10", World(ep_size=2, dp_size=2, group_tokens=(2, 0),
+                                           max_num_tokens=2),
+                           SGLangContext(forward_mode="replay", moe_dense_tp_size=1,
+                                         enable_dp_lm_head=True)),
+    "all-idle": ("0.5.15", World(ep_size=2, dp_size=2, group_tokens=(0, 0), max_num_tokens=1),
+                 SGLangContext(skip_all_gather=True)),
+    "stale-draft": ("0.5.10", World(ep_size=1, dp_size=1, group_tokens=(2,), max_num_tokens=2),
+                    SGLangContext(speculative=True, draft_forward=True, draft_extra_tokens=1)),
+    "padding-slots": ("0.5.10", World(ep_size=1, dp_size=1, group_tokens=(1,), max_num_tokens=1),
+                      SGLangContext()),
+    "extend-over-cap": ("0.5.10", World(ep_size=1, dp_size=1, group_tokens=(2,), max_num_tokens=1),
+                        SGLangContext(forward_mode="extend")),
+}
+WORDS = {  # what each first failure must say
+    "sp-prescatter": "the pre-scatter count", "constructed-cap": "max_num_tokens=2",
+    "collapsed-dp-global": "different runtimes", "cuda-graph-buckets": "replaying buckets [2, 1]",
+    "all-idle": "runtime 0", "stale-draft": "runtime 1 < 2 rows",
+    "padding-slots": "without invalid_token_expert_id", "extend-over-cap": "over its cap 1",
 }
 
 
 @pytest.fixture(scope="session")
 def releases():
     try:
-        return {v: load_policy(f"sglang:{v}")[1] for v in EXPECTED}
+        return {v: load_policy(f"sglang:{v}")[1] for v in RELEASES}
     except PolicyError as exc:
         pytest.skip(f"SGLang releases unavailable: {exc}")
 
 
-@pytest.mark.parametrize("version", list(EXPECTED))
-@pytest.mark.parametrize("column", COLUMNS)
-def test_release_verdict(releases, version, column):
+def test_the_tables_cover_every_release_and_class():
+    assert set(EXPECTED_CLASSES) == set(RELEASES)
+    assert set(FIRST_SEEN) == set(BUG_CLASSES) == set(WORDS)
+    for key, (version, _, _) in FIRST_SEEN.items():
+        assert key in EXPECTED_CLASSES[version]
+        earlier = RELEASES[:RELEASES.index(version)]
+        assert not any(key in EXPECTED_CLASSES[v] for v in earlier), f"{key} seen before {version}"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("key", list(BUG_CLASSES))
+def test_release_ships_exactly_its_bug_classes(releases, version, key):
+    """Every cell of the class table. A shipped class must be found (not shrunk here: the
+    pinned test below reads the shrunk example), a fixed one must not."""
     release = releases[version]
-    broken = column in EXPECTED[version]
+
+    def broken(step):
+        return check_step(release, key, *step) is not None
+    if key in EXPECTED_CLASSES[version]:
+        find_any(sglang_steps(key), broken, CLASS_EXAMPLES)
+    else:
+        assert_no_examples(sglang_steps(key), broken, CLASS_EXAMPLES)
+
+
+@pytest.mark.parametrize("key", list(BUG_CLASSES))
+def test_each_class_is_pinned_on_the_first_release_that_shipped_it(releases, key):
+    """The shrunk counterexample of the first release with the class, as it reads; the
+    newest release passes the same step unless it still ships the class."""
+    version, world, ctx = FIRST_SEEN[key]
+    problem = check_step(releases[version], key, world, ctx)
+    assert problem is not None and WORDS[key] in problem, problem
+    assert "what SGLang" in problem and "replay: python -m dispatcher --policy" in problem
+    if key not in EXPECTED_CLASSES[RELEASES[-1]]:
+        assert check_step(releases[RELEASES[-1]], key, world, ctx) is None
+
+
+def test_cuda_graph_bucket_regression_and_fix(releases):
+    """SGLang #29461 (0.5.15) sized capture by x.shape[0], so ranks replaying different
+    buckets pass different runtimes (#30242); 0.5.14 used the static cap there, and the
+    fix (#30450, 0.5.16) makes require_mlp_tp_gather() True for FlashInfer A2A, so every
+    rank picks its bucket from the cross-rank max."""
+    _, world, ctx = FIRST_SEEN["cuda-graph-buckets"]
+    verdicts = {v: check_step(releases[v], "cuda-graph-buckets", world, ctx)
+                for v in ("0.5.14", "0.5.15", "0.5.16")}
+    assert verdicts["0.5.14"] is None and verdicts["0.5.16"] is None
+    assert "replaying buckets [2, 1]" in verdicts["0.5.15"]
+    assert releases["0.5.15"].replay_world(world, ctx).group_tokens == (2, 1)
+    assert releases["0.5.16"].replay_world(world, ctx).group_tokens == (2, 2)
+
+
+@pytest.mark.parametrize("version", list(EXPECTED_PROPERTIES))
+@pytest.mark.parametrize("column", COLUMNS)
+def test_release_property_verdict(releases, version, column):
+    release = releases[version]
+    broken = column in EXPECTED_PROPERTIES[version]
     world = minimal(worlds(), breaks(release, column), 1500 if broken else 300)
     if broken:
         assert world is not None, f"{version} no longer breaks {column}: update the table"
@@ -67,8 +165,8 @@ def test_newest_release_sizes_the_famous_world_right(releases):
 
 
 def test_extend_batches_are_modelled_per_release(releases):
-    """Newer releases route extend (prefill) around the A2A; 0.5.10 has no such path and
-    sizes the A2A for it like decode. Neither is skipped."""
+    """0.5.19+ route extend (prefill) around the A2A unless SP prefill has its own A2A;
+    0.5.10 has no such path and sizes the A2A for it like decode."""
     world = World(ep_size=4, dp_size=2, group_tokens=(6, 2), max_num_tokens=64)
     new = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="extend"))
     old = releases["0.5.10"].outcome(world, 0, SGLangContext(forward_mode="extend"))
@@ -80,6 +178,17 @@ def test_cuda_graph_capture_and_speculative(releases):
                   dp_global_kind="none", moe=MoeConfig(payload="nvfp4"))
     for ctx in (SGLangContext(forward_mode="capture"), SGLangContext(speculative=True)):
         assert releases["0.5.23"].outcome(world, 1, ctx).runtime == 2
+
+
+def test_what_sglang_constructs_is_recorded_not_overwritten(releases):
+    """#25907: 0.5.10 multiplies the per-rank cap by ep_size when it constructs MoeAlltoAll;
+    the recorder keeps what it built, and the property sees it."""
+    world = World(ep_size=4, dp_size=4, group_tokens=(1, 1, 1, 1), max_num_tokens=16)
+    old = releases["0.5.10"].outcome(world, 0).launch
+    new = releases["0.5.23"].outcome(world, 0).launch
+    assert (old.max_num_tokens, new.max_num_tokens) == (64, 16)
+    assert new.workspace_size_per_rank == world.workspace_size
+    assert old.invalid_token_expert_id is None and new.invalid_token_expert_id == 64
 
 
 def test_sglang_assertion_in_an_over_cap_world_is_the_right_answer(releases):
@@ -95,32 +204,10 @@ def test_unknown_import_fails_by_name(tmp_path):
         load_release(f)
 
 
-@settings(max_examples=150)
-@given(world=worlds(max_ep=16), ctx=sglang_contexts())
-def test_newest_release_in_every_forward_mode(releases, world, ctx):
-    """SGLang 0.5.23 over (world, context): every rank takes the same path (all launch the
-    A2A or all route around it), and a launched runtime has every property."""
-    release = releases["0.5.23"]
-    if max(world.group_tokens) == 0:
-        reject()  # SGLang runs no forward when every DP group is idle
-    if world.dp_global == () and ctx.forward_mode in ("extend", "mixed"):
-        reject()  # measured separately: test_newest_release_prefill_rejects_an_empty_dp_global
-    outs = [release.outcome(world, r, ctx) for r in range(world.ep_size)]
-    assert len({o.routed_around for o in outs}) == 1, (ctx, world, outs)
-    event(f"{ctx.forward_mode}: {'routed around' if outs[0].routed_around else 'A2A'}")
-    if outs[0].routed_around:
-        return
-    errors = [o.error for o in outs if o.error]
-    if errors:
-        assert not world.payload_fits_cap, f"SGLang raised in a valid world: {errors[0]}\n{world!r} {ctx}"
-        return
-    properties.check_all(world, [o.runtime for o in outs], f"sglang:0.5.23 {ctx}")
-
-
 def test_newest_release_prefill_rejects_an_empty_dp_global(releases):
-    """Found by the test above: 0.5.23's prefill all-gather treats ``dp_global == []`` as a
-    list of no sources (an empty list must be handled like None) and raises, where decode
-    handles it. Pinned as measured, so a fix upstream shows up here."""
+    """0.5.23's prefill all-gather treats ``dp_global == []`` as a list of no sources (an
+    empty list must be handled like None) and raises, where decode handles it. Pinned as
+    measured, so a fix upstream shows up here."""
     world = World(ep_size=1, dp_size=1, group_tokens=(1,), max_num_tokens=1, dp_global_kind="empty")
     extend = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="extend"))
     decode = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="decode"))

@@ -1,0 +1,227 @@
+"""The bug classes of SGLang's FlashInfer dispatcher, each as a check on one step.
+
+Every class is a regime (``strategies.sglang_steps(regime)`` draws its worlds and contexts)
+and a check on what every EP rank's own ``dispatch()`` did in it. A check returns ``None``
+or the violation in words, with what SGLang itself saw (the ``dp_global`` each rank was
+handed, the cap and workspace it constructed, the expert id it marks padding with) and a
+replay line. docs/sglang.md gives the public record of each class.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+from ..model.sglang_context import SGLangContext
+from ..model.workspace import workspace_size_per_rank
+from ..model.world import World
+from ..sizing import NotApplicable
+from .loader import Outcome, SGLangRelease
+
+__all__ = ["BugClass", "BUG_CLASSES", "describe_outcomes", "describe_step", "check_step"]
+
+
+@dataclass(frozen=True)
+class BugClass:
+    key: str  # the regime name and the column id
+    title: str
+    record: str  # where the public record of it is
+    applies: Callable[[World, SGLangContext], bool]  # is a step in this class's regime
+    check: Callable[[SGLangRelease, World, SGLangContext, List[Outcome]], Optional[str]]
+
+
+def describe_outcomes(outs: Sequence[Outcome], world: Optional[World] = None) -> str:
+    """One line per EP rank: what ``get_dp_global_num_tokens()`` handed it and what it did;
+    marked where that differs from the world's ``dp_global`` printed above it."""
+    def one(o: Outcome) -> str:
+        if o.error:
+            return f"raised {o.error.splitlines()[0][:90]}"
+        if o.routed_around:
+            return "routed the batch around the A2A"
+        rec = o.launch
+        return (f"launched runtime={rec.runtime!r} (cap {rec.max_num_tokens!r}, workspace "
+                f"{rec.workspace_size_per_rank!r} B/rank, invalid_token_expert_id="
+                f"{rec.invalid_token_expert_id!r})")
+    printed = None if world is None or world.dp_global is None else list(world.dp_global)
+    lines = []
+    for r, o in enumerate(outs[:8]):
+        differs = (world is not None and o.seen_dp_global != "not read"
+                   and o.seen_dp_global != printed)
+        mark = " (NOT the world's dp_global)" if differs else ""
+        lines.append(f"    EP rank {r}: get_dp_global_num_tokens() -> {o.seen_dp_global!r}{mark}; "
+                     f"{one(o)}")
+    if len(outs) > 8:
+        lines.append(f"    ... ({len(outs)} ranks)")
+    return "\n".join(lines)
+
+
+def describe_step(release: SGLangRelease, world: World, ctx: SGLangContext,
+                  outs: Sequence[Outcome]) -> str:
+    """The world in words, what SGLang saw and did on each rank, and the replay line."""
+    return (f"world:\n{world.describe()}\n  context: {ctx!r}\n"
+            f"  what SGLang {release.label} saw and did:\n{describe_outcomes(outs, world)}\n"
+            f"replay: python -m dispatcher --policy {shlex.quote(release.spec)} "
+            f"--context \"{ctx!r}\" \"{world!r}\"")
+
+
+def _launched(outs: Sequence[Outcome]) -> List[Outcome]:
+    return [o for o in outs if o.launch is not None]
+
+
+def _together(outs: Sequence[Outcome]) -> Optional[str]:
+    """Every rank launches, or none does: a rank that launches alone hangs its peers."""
+    launched = _launched(outs)
+    if launched and len(launched) != len(outs):
+        alone = [r for r, o in enumerate(outs) if o.launch is not None]
+        return f"ranks {alone} launch the A2A and the others do not: the launched ranks hang"
+    return None
+
+
+def _runtime_problems(world: World, outs: Sequence[Outcome], rows_world: World) -> Optional[str]:
+    """Rank-invariant, an int, >= 1 and covering every rank's rows (of ``rows_world``)."""
+    problem = _together(outs)
+    if problem:
+        return problem
+    values = [o.runtime for o in _launched(outs)]
+    if not values:
+        return None
+    if len(set(values)) > 1:
+        return f"ranks pass different runtimes {values}: they corrupt each other (NaN, IMA)"
+    runtime = values[0]
+    if type(runtime) is not int or runtime < 1:
+        return f"runtime {runtime!r} is not a positive int: FlashInfer rejects it"
+    if runtime < rows_world.max_rows:
+        return (f"runtime {runtime} < {rows_world.max_rows} rows on rank "
+                f"{rows_world.rows_per_rank.index(rows_world.max_rows)}: FlashInfer writes "
+                f"past that rank's slots, silently")
+    return None
+
+
+def _sp_prescatter(release, world, ctx, outs):
+    problem = _runtime_problems(world, outs, world)
+    if problem:
+        return problem
+    launched = _launched(outs)
+    if not (world.payload_fits_cap and launched) or launched[0].runtime == world.ideal_runtime:
+        return None
+    runtime, cap = launched[0].runtime, launched[0].launch.max_num_tokens
+    why = ("the pre-scatter count" if runtime == max(world.dp_global or (0,))
+           else "the static cap" if runtime == cap else "not the post-scatter rows")
+    return (f"runtime {runtime} != {world.ideal_runtime}, the post-scatter rows: {why}, so "
+            f"every SP rank moves and computes {runtime / world.ideal_runtime:.1f}x the rows "
+            f"(past the cap: a crash)")
+
+
+def _constructed_cap(release, world, ctx, outs):
+    expected = world.max_num_tokens if ctx.cap_from_env else ctx.expected_cap_when_derived
+    for r, o in enumerate(outs):
+        rec = o.launch
+        if rec is None:
+            continue
+        if rec.max_num_tokens != expected:
+            how = ("the per-rank cap set in SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+                   if ctx.cap_from_env else
+                   f"max(chunked_prefill_size={ctx.chunked_prefill_size}, 4096)")
+            return (f"EP rank {r} constructed MoeAlltoAll(max_num_tokens={rec.max_num_tokens}) "
+                    f"but the cap is {expected} ({how})")
+        if rec.payload_bytes_per_token is not None:
+            need = workspace_size_per_rank(world.ep_size, rec.max_num_tokens,
+                                           rec.payload_bytes_per_token, world.moe.combine_bytes)
+            if rec.workspace_size_per_rank < need:
+                return (f"EP rank {r} sized its workspace {rec.workspace_size_per_rank} B but "
+                        f"the payload it dispatches needs {need} B at its cap")
+    return None
+
+
+def _collapsed(release, world, ctx, outs):
+    return _runtime_problems(world, outs, world)
+
+
+def _cuda_graph_buckets(release, world, ctx, outs):
+    replayed = release.replay_world(world, ctx)
+    problem = _runtime_problems(world, outs, replayed)
+    if problem:
+        return f"replaying buckets {list(replayed.group_tokens)}: {problem}"
+    return None
+
+
+def _all_idle(release, world, ctx, outs):
+    return _runtime_problems(world, outs, world)
+
+
+def _stale_draft(release, world, ctx, outs):
+    return _runtime_problems(world, outs, world)
+
+
+def _padding(release, world, ctx, outs):
+    for r, o in enumerate(outs):
+        rec = o.launch
+        if rec is None:
+            continue
+        mark = rec.invalid_token_expert_id
+        if mark is None:
+            return (f"EP rank {r} dispatches without invalid_token_expert_id: padding rows "
+                    f"keep garbage expert ids and the MoE computes on them (NaN)")
+        if type(mark) is not int or 0 <= mark < world.moe.num_experts:
+            return (f"EP rank {r} marks padding with expert id {mark!r}, a real expert of "
+                    f"{world.moe.num_experts}")
+    return None
+
+
+def _extend_over_cap(release, world, ctx, outs):
+    problem = _together(outs)
+    if problem:
+        return problem
+    for r, o in enumerate(outs):
+        rec = o.launch
+        if rec is None:
+            continue
+        if type(rec.runtime) is int and type(rec.max_num_tokens) is int \
+                and rec.runtime > rec.max_num_tokens:
+            return (f"EP rank {r} launched runtime {rec.runtime} over its cap "
+                    f"{rec.max_num_tokens}: FlashInfer's assert crashes the server")
+        if rec.runtime < world.max_rows:
+            return (f"EP rank {r} launched runtime {rec.runtime} for {world.max_rows} rows: a "
+                    f"silent overflow")
+    return None
+
+
+def _eager(ctx: SGLangContext) -> bool:
+    return ctx.forward_mode == "decode" and not ctx.draft_forward
+
+
+BUG_CLASSES: Dict[str, BugClass] = {c.key: c for c in (
+    BugClass("sp-prescatter", "SP runtime above the post-scatter rows", "SGLang #25685",
+             lambda w, c: _eager(c) and not w.dp_attention and w.attn_tp_size > 1, _sp_prescatter),
+    BugClass("constructed-cap", "constructed cap", "SGLang #25907, #26643",
+             lambda w, c: True, _constructed_cap),
+    BugClass("collapsed-dp-global", "collapsed dp_global", "SGLang #27945",
+             lambda w, c: _eager(c) and w.dp_attention and w.payload_fits_cap, _collapsed),
+    BugClass("cuda-graph-buckets", "per-rank CUDA-graph buckets",
+             "SGLang #29461 -> #30242 -> #30450",
+             lambda w, c: c.forward_mode == "replay" and w.dp_attention, _cuda_graph_buckets),
+    BugClass("all-idle", "all-idle DP step", "SGLang #22394",
+             lambda w, c: max(w.group_tokens) == 0, _all_idle),
+    BugClass("stale-draft", "stale draft dp_global", "SGLang's MoRI recv-bound test",
+             lambda w, c: c.draft_forward, _stale_draft),
+    BugClass("padding-slots", "padding slots unmarked", "SGLang #24850",
+             lambda w, c: True, _padding),
+    BugClass("extend-over-cap", "extend over the cap", "SGLang #39818",
+             lambda w, c: c.forward_mode in ("extend", "mixed") and not w.payload_fits_cap,
+             _extend_over_cap),
+)}
+
+
+def check_step(release: SGLangRelease, key: str, world: World, ctx: SGLangContext) -> Optional[str]:
+    """The violation of class ``key`` in this step (with the step described), or None
+    (also when the step is outside the class's regime)."""
+    if not BUG_CLASSES[key].applies(world, ctx):
+        return None
+    try:
+        outs = release.step(world, ctx)
+    except NotApplicable:
+        return None
+    problem = BUG_CLASSES[key].check(release, world, ctx, outs)
+    if problem is None:
+        return None
+    return f"[{key}] {problem}\n{describe_step(release, world, ctx, outs)}"

@@ -1,0 +1,101 @@
+"""(world, SGLang context) pairs: the steps SGLang's dispatcher can be asked to size.
+
+``sglang_contexts()`` draws every switch; ``sglang_steps(regime)`` draws the steps of one
+bug class's regime (``dispatcher/sglang/classes.py``), or of all of them (``"any"``), built
+so that SGLang could produce each one: a CUDA-graph capture runs one batch size on every
+rank, a replayed batch fits a graph bucket, an all-idle step exists only where the
+scheduler skips its all-gather (otherwise no idle batch runs), which only deployments that
+give every DP rank the same batch may do, a draft forward is
+speculative, a derived cap is ``max(chunked_prefill_size, 4096)``.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import assume, strategies as st
+
+from dispatcher.model.sglang_context import CAPTURE_SIZES, FORWARD_MODES, SGLangContext
+
+from .worlds import worlds
+
+__all__ = ["REGIMES", "sglang_contexts", "sglang_steps"]
+
+REGIMES = ("any", "sp-prescatter", "constructed-cap", "collapsed-dp-global",
+           "cuda-graph-buckets", "all-idle", "stale-draft", "padding-slots", "extend-over-cap")
+CHUNKED_PREFILL_SIZES = (2048, 4096, 8192, 16384)
+MAX_EP = 8  # every rank runs SGLang's dispatch() per example: keep worlds cheap
+
+
+@st.composite
+def sglang_contexts(draw, forward_modes=FORWARD_MODES):
+    """Every switch SGLang's dispatch() reads beyond the world (``SGLangContext``)."""
+    speculative = draw(st.booleans())
+    draft = speculative and draw(st.booleans())
+    return SGLangContext(
+        forward_mode=draw(st.sampled_from(forward_modes)), speculative=speculative,
+        draft_forward=draft, draft_extra_tokens=draw(st.integers(1, 4)) if draft else 0,
+        moe_dense_tp_size=draw(st.sampled_from([None, 1])),
+        enable_dp_lm_head=draw(st.booleans()), skip_all_gather=draw(st.booleans()),
+        cap_from_env=draw(st.booleans()),
+        chunked_prefill_size=draw(st.sampled_from(CHUNKED_PREFILL_SIZES)),
+        sp_prefill_a2a=draw(st.booleans()))
+
+
+def _producible(world, ctx):
+    """The step as SGLang would run it under ``ctx`` (see the module docstring)."""
+    if not ctx.cap_from_env:
+        world = replace(world, max_num_tokens=ctx.expected_cap_when_derived)
+    if ctx.forward_mode == "capture" or ctx.skip_all_gather:
+        # capture runs one batch size everywhere; skipping the all-gather is only for
+        # deployments that guarantee every DP rank the same batch (should_skip_...)
+        world = replace(world, group_tokens=(max(world.group_tokens),) * world.dp_size,
+                        dp_global_kind="recorded", max_len_padding=False)
+    if ctx.forward_mode == "replay":  # a bucket is never over the cap (4096 floor)
+        assume(max(world.group_tokens) <= CAPTURE_SIZES[-1])
+        bucket = min(b for b in CAPTURE_SIZES if b >= max(1, *world.group_tokens))
+        world = replace(world, max_num_tokens=max(world.max_num_tokens, bucket))
+    if max(world.group_tokens) == 0:
+        assume(ctx.skip_all_gather and world.dp_attention)
+    return world
+
+
+COLLAPSING = dict(moe_dense_tp_size=1, enable_dp_lm_head=True)  # require_mlp_tp_gather False
+
+
+@st.composite
+def sglang_steps(draw, regime: str = "any"):
+    """``(world, ctx)`` in ``regime`` (one of REGIMES)."""
+    if regime == "any":
+        ctx = draw(sglang_contexts())
+        world = draw(worlds(max_ep=MAX_EP))
+        return _producible(world, ctx), ctx
+    if regime == "sp-prescatter":
+        return draw(worlds(ep_sizes=(2, 3, 4, 8), dp_attention=False)), SGLangContext()
+    if regime == "constructed-cap":
+        ctx = SGLangContext(cap_from_env=draw(st.booleans()),
+                            chunked_prefill_size=draw(st.sampled_from(CHUNKED_PREFILL_SIZES)))
+        return _producible(draw(worlds(max_ep=MAX_EP, fitting_only=True)), ctx), ctx
+    if regime == "collapsed-dp-global":
+        world = draw(worlds(max_ep=MAX_EP, dp_attention=True, fitting_only=True))
+        return world, SGLangContext(**COLLAPSING)
+    if regime == "cuda-graph-buckets":
+        ctx = SGLangContext(forward_mode="replay", **COLLAPSING)
+        world = draw(worlds(max_ep=MAX_EP, dp_attention=True, max_tokens=CAPTURE_SIZES[-1],
+                            fitting_only=True))
+        return _producible(world, ctx), ctx
+    if regime == "all-idle":
+        ctx = SGLangContext(skip_all_gather=True)
+        return draw(worlds(max_ep=MAX_EP, dp_attention=True, shape="all_zero")), ctx
+    if regime == "stale-draft":
+        ctx = SGLangContext(speculative=True, draft_forward=True,
+                            draft_extra_tokens=draw(st.integers(1, 4)))
+        return _producible(draw(worlds(max_ep=MAX_EP, fitting_only=True)), ctx), ctx
+    if regime == "padding-slots":
+        return draw(worlds(max_ep=MAX_EP, fitting_only=True)), SGLangContext()
+    if regime == "extend-over-cap":
+        ctx = SGLangContext(forward_mode=draw(st.sampled_from(("extend", "mixed"))),
+                            sp_prefill_a2a=draw(st.booleans()))
+        world = draw(worlds(max_ep=MAX_EP, cap_placement="payload_minus_1"))
+        assume(not world.payload_fits_cap)
+        return world, ctx
+    raise ValueError(f"unknown regime {regime!r}: one of {REGIMES}")

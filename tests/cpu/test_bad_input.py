@@ -1,0 +1,171 @@
+"""Bad input gets a clear, specific error and its own exit code: never code execution, a
+silent pass, a raw traceback or a hang. Each case is what a user can type or paste."""
+import json
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dispatcher.__main__ import BAD_INPUT, OK, VIOLATED
+from dispatcher.model import properties
+from dispatcher.model.properties import RuleBudget, RuleCrashed, SlowRule
+from dispatcher.model.world import World
+from dispatcher.policies import PolicyError, load_policy
+from dispatcher.sglang import fetch
+
+ROOT = Path(__file__).resolve().parents[2]
+WORLD = World(ep_size=4, dp_size=2, group_tokens=(5, 2), max_num_tokens=8)
+
+
+def replay(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "dispatcher", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=timeout)
+
+
+# --- the replay command -----------------------------------------------------------------
+def test_a_pasted_world_is_never_run_as_code(tmp_path):
+    marker = tmp_path / "pwned"
+    out = replay(f"__import__('pathlib').Path({str(marker)!r}).write_text('x')")
+    assert out.returncode == BAD_INPUT and "expected World(...)" in out.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["World(ep_size=4"], BAD_INPUT, "not a World(...) repr"),
+    (["World(ep_size=3, dp_size=2, group_tokens=(1, 1), max_num_tokens=1)"], BAD_INPUT,
+     "must divide"),
+    (["--policy", "no_such_rule", repr(WORLD)], BAD_INPUT, "unknown policy"),
+    (["--policy", "prefix_rule", "--context", "SGLangContext()", repr(WORLD)], BAD_INPUT,
+     "--context is for sglang"),
+    (["--policy", "seed_era_rule", repr(WORLD)], VIOLATED, "[tight]"),
+    ([repr(WORLD)], OK, "emulated A2A round trip: exact"),
+])
+def test_replay_exit_codes(args, code, words):
+    out = replay(*args)
+    assert out.returncode == code, out.stdout + out.stderr
+    assert words in out.stdout + out.stderr
+
+
+def test_a_float_runtime_is_a_violation_with_the_rules_own_spec_in_the_replay_line(tmp_path):
+    (tmp_path / "floaty.py").write_text("def rule(view):\n    return 3.0\n")
+    out = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", "floaty:rule",
+                          repr(WORLD)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == VIOLATED, out.stdout + out.stderr
+    assert "[int]" in out.stdout and "replay: python -m dispatcher --policy floaty:rule" in out.stdout
+
+
+def test_a_large_valid_world_replays_in_bounded_memory_and_time():
+    big = World(ep_size=64, dp_size=64, group_tokens=(2000,) * 64, max_num_tokens=2000)
+    t = time.monotonic()
+    out = replay(repr(big))
+    assert out.returncode == OK, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "emulated A2A round trip: skipped" in out.stdout and time.monotonic() - t < 60
+
+
+# --- rules that misbehave -----------------------------------------------------------------
+@pytest.mark.parametrize("value", [None, "3", 3.0, np.int64(3), True])
+def test_a_rule_returning_a_non_int_fails_every_property_with_a_replay_line(value):
+    with pytest.raises(RuleCrashed, match=r"\[int\]") as info:
+        properties.rule_values(lambda view: value, WORLD, "mypkg:rule")
+    assert "replay: python -m dispatcher --policy mypkg:rule" in str(info.value)
+
+
+def test_a_nondeterministic_rule_is_named_as_such_not_as_rank_variance():
+    calls = iter(range(10**6))
+    with pytest.raises(RuleCrashed, match=r"\[deterministic\].*hidden state") as info:
+        properties.rule_values(lambda view: 3 + next(calls) % 2, WORLD, "mypkg:counter")
+    assert "may not reproduce" in str(info.value)
+
+
+def test_a_slow_rule_fails_early_with_the_projected_cost(monkeypatch):
+    monkeypatch.setattr(properties, "RULE_BUDGET", RuleBudget(seconds=0.001, warmup=10))
+
+    def slow(view):
+        time.sleep(0.002)
+        return 3
+    with pytest.raises(SlowRule, match=r"\[slow rule\].*--rule-budget-ms"):
+        for _ in range(10):
+            properties.rule_values(slow, WORLD, "mypkg:slow")
+
+
+# --- --policy specs -----------------------------------------------------------------------
+@pytest.mark.parametrize("source, words", [
+    ("def rule(view) return 1\n", "SyntaxError"),
+    ("raise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here"),
+])
+def test_a_policy_module_that_fails_to_import_is_a_policy_error(tmp_path, monkeypatch, source, words):
+    (tmp_path / "broken_rule.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PolicyError, match=words):
+        load_policy("broken_rule:rule")
+
+
+def _wheel(path: Path, files: dict) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def test_bad_sglang_targets_are_policy_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "sglang-0.5.23-py3-none-any.whl").write_text("not a zip")
+    empty = _wheel(tmp_path / "sglang-9.9.9-py3-none-any.whl", {"README": "x"})
+    (tmp_path / "random.py").write_text("x = 1\n")
+    pytest.importorskip("torch")
+    for target, words in [
+        (tmp_path / "notes.txt", "expected SGLang's flashinfer.py"),
+        (tmp_path / "sglang-0.5.23-py3-none-any.whl", "not a wheel"),
+        (empty, "holds no sglang/srt/layers/moe/token_dispatcher/flashinfer.py"),
+        (tmp_path / "random.py", "defines no FlashinferDispatcher"),
+        (tmp_path / "missing", "no such file"),
+        ("0.5.x", "not a release version"),
+    ]:
+        with pytest.raises(PolicyError, match=words.replace("(", r"\(")):
+            load_policy(f"sglang:{target}")
+
+
+def test_versions_are_canonical():
+    assert fetch.canonical_version("0.5.023") == "0.5.23"
+
+
+def test_a_local_wheel_never_stands_in_for_the_release_and_a_damaged_cache_is_not_used(
+        tmp_path, monkeypatch):
+    """A wheel named like a release is cached by its bytes, not under the version; a cached
+    file that no longer matches its recorded hash is not used."""
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    body = "class FlashinferDispatcher:\n    pass\n"
+    wheel = _wheel(tmp_path / "sglang-0.5.23-py3-none-any.whl", {fetch.RELEASE_FILE: body})
+    got = fetch.wheel_file(wheel)
+    assert got.read_text() == body and "wheels" in got.parts
+    assert not (tmp_path / "cache" / "0.5.23").exists()
+    assert fetch._verified(got.parents[5]) == got
+    got.write_text(body[:10])  # truncated after the fact
+    assert fetch._verified(got.parents[5]) is None
+    assert fetch.wheel_file(wheel).read_text() == body  # re-extracted, verified
+    manifest = json.loads((got.parents[5] / "manifest.json").read_text())
+    assert manifest["sha256"][fetch.RELEASE_FILE] == fetch.sha256(got)
+
+
+# --- pytest itself: usage errors, never INTERNALERROR --------------------------------------
+@pytest.mark.parametrize("args, env, words", [
+    (["--policy=no_such_rule"], {}, "unknown policy"),
+    (["--policy=nomodule_xyz:rule"], {}, "cannot import"),
+    (["--rule-budget-ms=0"], {}, "--rule-budget-ms must be positive"),
+    ([], {"HYPOTHESIS_PROFILE": "fast"}, "one of dev, ci, thorough, gpu, repro"),
+])
+def test_bad_pytest_options_are_usage_errors(pytester, monkeypatch, args, env, words):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
+    (pytester.path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-2000:]
+    assert words in text and "INTERNALERROR" not in text

@@ -1,0 +1,58 @@
+"""The package's folders are its layers, and imports only run downward (read from the
+source, so a new upward import fails here, not in a reader's head)."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = {  # module prefix -> layer (lower is more basic)
+    "dispatcher.sizing": 0, "dispatcher.mutants": 0,
+    "dispatcher.model": 1,
+    "dispatcher.emulator": 2, "strategies": 2,
+    "dispatcher.gpu": 3, "dispatcher.sglang": 3,
+    "dispatcher.policies": 4, "dispatcher.__main__": 4, "dispatcher.sglang_verdicts": 4,
+    "dispatcher": 4,  # the package's __init__ re-exports the model's names
+}
+# Imported inside a function on purpose, named here so that nothing else creeps in:
+# rank processes resolve the --policy spec they are sent.
+ALLOWED_UPWARD = {("dispatcher.gpu.rank_pool", "dispatcher.policies")}
+
+
+def _layer(name: str) -> int:
+    best = max((p for p in LAYERS if name == p or name.startswith(p + ".")), key=len)
+    return LAYERS[best]
+
+
+def _modules():
+    for folder in ("dispatcher", "strategies"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            yield name, path
+
+
+def _imports(name: str, path: Path):
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            yield target
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
+@pytest.mark.parametrize("name, path", list(_modules()), ids=lambda v: str(v))
+def test_imports_only_run_downward(name, path):
+    mine = _layer(name)
+    for target in _imports(name, path):
+        if not target.startswith(("dispatcher", "strategies")):
+            continue
+        if (name, target) in ALLOWED_UPWARD or name == "dispatcher":
+            continue
+        assert _layer(target) <= mine, f"{name} (layer {mine}) imports {target} " \
+                                       f"(layer {_layer(target)})"

@@ -1,0 +1,85 @@
+"""The SGLang dispatcher under test in every context the gate knows: ``--policy=sglang:PATH``
+(a checkout, a wheel, a release) or, when the policy is a plain rule, the newest pinned
+release. Every bug class's regime, and every (world, context) SGLang can produce: all ranks
+take the same path, a launched runtime fits every rank, agrees across ranks, is an int >= 1
+within the cap SGLang constructed, and SGLang refuses only where no valid runtime exists.
+"""
+import pytest
+
+pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
+                    "(the CPU build) or pip install -e '.[sglang]'")
+from hypothesis import event, given, reject  # noqa: E402
+
+from dispatcher.policies import PolicyError, load_policy  # noqa: E402
+from dispatcher.sglang.classes import BUG_CLASSES, check_step, describe_step  # noqa: E402
+from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
+from strategies import sglang_steps  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def engine(policy):
+    """The SGLang file under test: the --policy one, else the newest pinned release."""
+    if hasattr(policy, "step"):
+        return policy
+    try:
+        return load_policy(f"sglang:{RELEASES[-1]}")[1]
+    except PolicyError as exc:
+        pytest.skip(f"SGLang release unavailable: {exc}")
+
+
+def _allowed(engine, key):
+    """Classes a pinned release is known to ship are measured in test_releases instead."""
+    from .test_releases import EXPECTED_CLASSES
+
+    return key in EXPECTED_CLASSES.get(engine.label, set())
+
+
+@pytest.mark.parametrize("key", list(BUG_CLASSES))
+def test_engine_has_no_bug_class(engine, key):
+    """Each class's regime, searched for the engine under test (a pinned release's known
+    classes are left to test_releases, which expects them)."""
+    if _allowed(engine, key):
+        pytest.skip(f"{engine.label} is known to ship {key} (docs/sglang.md): test_releases "
+                    f"checks it fails as expected")
+
+    @given(step=sglang_steps(key))
+    def run(step):
+        problem = check_step(engine, key, *step)
+        assert problem is None, problem
+    run()
+
+
+@given(step=sglang_steps("any"))
+def test_engine_in_every_context(engine, step):
+    """Any step SGLang can produce: all ranks do the same thing; a launch is sound; a
+    refusal happens only where no valid runtime exists (or in a mode SGLang refuses)."""
+    world, ctx = step
+    if world.dp_global == () and ctx.forward_mode in ("extend", "mixed"):
+        reject()  # 0.5.23 raises here: pinned in test_newest_release_prefill_rejects_an_empty_dp_global
+    if any(_allowed(engine, k) and bug.applies(world, ctx) for k, bug in BUG_CLASSES.items()):
+        reject()  # a class this pinned release is known to ship: test_releases expects it
+    try:
+        outs = engine.step(world, ctx)
+    except Exception as exc:  # NotApplicable: a step the engine cannot run (a bucket too big)
+        if type(exc).__name__ == "NotApplicable":
+            reject()
+        raise
+    said = describe_step(engine, world, ctx, outs)
+    kinds = {"launch" if o.launch else "around" if o.routed_around else "error" for o in outs}
+    event(f"{ctx.forward_mode}: {'/'.join(sorted(kinds))}")
+    assert len(kinds) == 1, f"ranks take different paths {sorted(kinds)}: the others hang\n{said}"
+    if kinds == {"error"}:
+        refused_mode = ctx.skip_all_gather and world.dp_attention and world.ep_size > 1
+        assert not world.payload_fits_cap or refused_mode, f"SGLang raised in a valid step\n{said}"
+        return
+    if kinds == {"around"}:
+        return
+    values = [o.runtime for o in outs]
+    assert len(set(values)) == 1, f"ranks pass different runtimes {values}\n{said}"
+    runtime, cap = values[0], outs[0].launch.max_num_tokens
+    assert type(runtime) is int and runtime >= 1, f"runtime {runtime!r} is not an int >= 1\n{said}"
+    assert runtime <= cap, f"runtime {runtime} over the cap {cap} SGLang built: FlashInfer's " \
+                           f"assert crashes the server\n{said}"
+    rows = engine.replay_world(world, ctx) if ctx.forward_mode == "replay" else world
+    assert runtime >= rows.max_rows, f"runtime {runtime} < {rows.max_rows} rows: silent " \
+                                     f"overflow\n{said}"
