@@ -1,43 +1,44 @@
 #!/usr/bin/env bash
-# The GPU run behind the GPU figures in docs/gpu.md, for a GPU host with no package index
-# (Python 3.12, torch, pytest, hypothesis there; FlashInfer shipped as a tarball).
-#   .gpu/site.tgz                  FlashInfer 0.7.2.post1 and its few pure-Python needs, installed
-#                                  with pip --target for Python 3.12 and tarred
-#   .gpu/mnnvl_moe_alltoall.so     optional prebuilt module (installed as FlashInfer's AOT .so;
-#                                  if it fails to load, FlashInfer JIT-builds it, ~165 s)
-#   STEPS="gpu multi2 multi4 bad speed ttft"   which parts to run; results in $OUT/results.tgz
+# The GPU runs behind the GPU figures in benchmarks/README.md, for a GPU host with no package
+# index (Python 3.12, torch, pytest, pytest-xdist, hypothesis there; FlashInfer shipped here):
+#   .gpu/site.tgz                FlashInfer 0.7.2.post1 and its few pure-Python needs, installed
+#                                with pip --target for Python 3.12 and tarred
+#   .gpu/mnnvl_moe_alltoall.so   the A2A module built for sm_90a (docs/gpu.md says how), installed
+#                                as FlashInfer's AOT module; without it FlashInfer JIT-builds it
+#   .sglang/                     the pinned SGLang files (python -m dispatcher.sglang fetch)
+#   STEPS="gpu multi sglang bad speed wall ttft"   which parts to run; logs in $OUT
 set -uo pipefail
-OUT=${OUT:-$PWD/out/gpu}; R=$OUT/r; mkdir -p "$R"
-STEPS=${STEPS:-gpu multi2 multi4 bad speed ttft}
+OUT=${OUT:-$PWD/out/gpu}; mkdir -p "$OUT"
+STEPS=${STEPS:-gpu multi sglang bad speed wall}
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=gpu
 site=/tmp/site; aot=$site/flashinfer/data/aot/mnnvl_moe_alltoall
 mkdir -p $site && tar -C $site -xzf .gpu/site.tgz
 [ -f .gpu/mnnvl_moe_alltoall.so ] && mkdir -p $aot && cp .gpu/mnnvl_moe_alltoall.so $aot/
 export PYTHONPATH=$site:$PWD
 eval "$(python3 -m dispatcher.gpu.env)"   # NVLink multicast off, as every GPU process sets it
-nvidia-smi -L | tee $R/env.log
-python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'gpus', torch.cuda.device_count())" | tee -a $R/env.log
+{ nvidia-smi -L; python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'gpus', torch.cuda.device_count())"; } | tee $OUT/env.log
 load='import time; t=time.time(); from dispatcher.gpu.flashinfer import module; module(); print("a2a module ready in %.1f s" % (time.time()-t))'
-if ! python3 -c "$load" 2>&1 | tee -a $R/env.log; then
-  echo "prebuilt module did not load; JIT build" | tee -a $R/env.log
-  rm -rf $aot; python3 -c "$load" 2>&1 | tee -a $R/env.log
-  cp ~/.cache/flashinfer/*/*/cached_ops/mnnvl_moe_alltoall/mnnvl_moe_alltoall.so $OUT/ 2>/dev/null
+if ! python3 -c "$load" 2>&1 | tee -a $OUT/env.log; then
+  echo "prebuilt module did not load; JIT build" | tee -a $OUT/env.log
+  rm -rf $aot; python3 -c "$load" 2>&1 | tee -a $OUT/env.log
 fi
-step() { local name=$1 limit=$2; shift 2; echo "=== $name ($*)"; local t=$SECONDS
-  timeout "$limit" "$@" > $R/$name.log 2>&1; local rc=$?
-  echo "rc=$rc wall=$((SECONDS - t))s" | tee -a $R/$name.log; tail -n 25 $R/$name.log; }
-py="python3 -m pytest -p no:cacheprovider -n 0 -q -rs --require-gpus -m"
+step() { local name=$1 limit=$2; shift 2; echo "=== $name: $*" | tee $OUT/$name.log; local t=$SECONDS
+  timeout "$limit" "$@" >> $OUT/$name.log 2>&1; local rc=$?
+  echo "rc=$rc wall=$((SECONDS - t))s" | tee -a $OUT/$name.log; tail -n 6 $OUT/$name.log; }
+py="python3 -m pytest -p no:cacheprovider -n 0 -q -rs --require-gpus"
 for s in $STEPS; do case $s in
-  gpu) step gpu 120 $py gpu tests/gpu --junitxml=$R/junit-gpu.xml --timeout=100 ;;
-  multi2) step multi2 100 $py multi_gpu tests/multi_gpu -s -k "not pool_round_trip or pool_round_trip and 2" --junitxml=$R/junit-multi2.xml --timeout=90 ;;
-  multi4) step multi4 75 $py multi_gpu tests/multi_gpu -s -k "pool_round_trip and 4" --junitxml=$R/junit-multi4.xml --timeout=70 ;;
+  gpu) step gpu 150 $py -m gpu tests/gpu --timeout=140 ;;
+  multi) step multi 300 $py -m multi_gpu tests/multi_gpu -s --timeout=280 ;;
+  sglang) for rel in 0.5.23 0.5.10; do  # SGLang's own dispatch()/combine() on the real kernels
+         step "sglang-$rel" 120 $py -m multi_gpu tests/multi_gpu/test_sglang_end_to_end.py -k "real_kernels and 2" --policy=sglang:$rel --timeout=110
+       done ;;
   bad) for pol in prefix_rule dispatcher.mutants:undersized; do
-         step "bad-${pol##*:}" 45 $py "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip and 2" --policy=$pol --timeout=40
+         step "bad-${pol##*:}" 90 $py -m "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip and 2" --policy=$pol --timeout=80
        done ;;
-  speed) step speed 70 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes ${POOLS:-2} --out $R/gpu_speed.json ;;
-  sglang) for rel in 0.5.23 0.5.10; do  # SGLang's own dispatch() sizing the real kernels
-         step "sglang-$rel" 90 $py gpu tests/gpu -k real_round_trip --policy=sglang:$rel --timeout=80
+  speed) for i in 1 2 3; do
+         step "speed-$i" 150 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes 2 4 --out $OUT/gpu_speed_$i.json
        done ;;
-  ttft) step ttft 300 python3 benchmarks/ttft.py --out $R/ttft ;;
+  wall) step wall 420 python3 benchmarks/suite_wall.py --runs 3 --profile gpu --out $OUT/suite_wall_gpu.json -- --require-gpus ;;
+  ttft) step ttft 300 python3 benchmarks/ttft.py --out $OUT/ttft ;;
 esac; done
-tar -C $R -czf $OUT/results.tgz . && ls -la $OUT
+ls -la $OUT

@@ -1,5 +1,6 @@
 """GPU-tier speed on the machine it runs on: worlds/s through the real kernels on one GPU
-(every rank in one process) and examples/s of the multi-process rank pool.
+(every rank in one process), examples/s of the multi-process rank pool, and examples/s of
+SGLang's own dispatch()/combine() end to end in the pool (the newest pinned release).
 
     python benchmarks/gpu_speed.py --out gpu_speed.json [--pool-sizes 2 4]
 
@@ -20,7 +21,7 @@ from hypothesis import Phase, given, settings  # noqa: E402
 
 from dispatcher.model.validation import plan  # noqa: E402
 from dispatcher.sizing import ideal_rule  # noqa: E402
-from strategies import GPU_SHAPES, gpu_worlds, pool_worlds  # noqa: E402
+from strategies import GPU_SHAPES, gpu_worlds, pool_worlds, sglang_pool_worlds  # noqa: E402
 from strategies.search import SEARCH  # noqa: E402
 
 GENERATE = settings(SEARCH, phases=[Phase.generate])
@@ -55,28 +56,44 @@ def main():
     from dispatcher.gpu.single import SingleGpuA2A
 
     figures = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
+    t = time.perf_counter()
     gpu = SingleGpuA2A()
+    figures["single_gpu_start_s"] = round(time.perf_counter() - t, 2)
     worlds = draw(gpu_worlds(), a.examples)
 
     def one(world):
         rt = gpu.run(world, [plan(ideal_rule, world.views)] * world.ep_size)
         assert not rt.problems, rt.problems
-    for w in worlds[:20]:  # warm-up: JIT load, workspaces, streams
+    t = time.perf_counter()
+    for w in worlds[:20]:  # warm-up: module load, workspaces, streams
         one(w)
+    figures["single_gpu_warmup_20_s"] = round(time.perf_counter() - t, 2)
     figures["single_gpu_worlds_per_s"] = round(timed(one, worlds), 1)
     print(figures, flush=True)
     figures["single_gpu_worlds_per_s_with_generation"] = round(
         a.examples / _gen_and_run(one, a.examples), 1)
     from dispatcher.gpu.rank_pool import RankPool
 
+    from dispatcher.sglang.verdicts import RELEASES
+
+    engine = f"sglang:{RELEASES[-1]}"
     for ep in a.pool_sizes:
+        t = time.perf_counter()
         pool = RankPool(ep, torch.cuda.device_count(), GPU_SHAPES.largest.dispatch_bytes,
                         GPU_SHAPES.largest.combine_bytes)
+        figures[f"pool_ep{ep}_start_s"] = round(time.perf_counter() - t, 1)
         ws = draw(pool_worlds(ep), a.examples)
         for w in ws[:10]:
             pool.run(w, "dispatcher.sizing:ideal_rule")
         figures[f"pool_ep{ep}_{pool.backend}_examples_per_s"] = round(
             timed(lambda w: pool.run(w, "dispatcher.sizing:ideal_rule"), ws), 1)
+        sw = draw(sglang_pool_worlds(ep), a.examples)
+        t = time.perf_counter()
+        for w in sw[:24]:  # SGLang builds one MoeAlltoAll per (hidden, top_k, cap)
+            pool.run_sglang(w, engine)
+        figures[f"sglang_e2e_ep{ep}_warmup_24_s"] = round(time.perf_counter() - t, 1)
+        figures[f"sglang_e2e_ep{ep}_{pool.backend}_examples_per_s"] = round(
+            timed(lambda w: pool.run_sglang(w, engine), sw), 1)
         print(figures, flush=True)
         pool.close()
     print(json.dumps(figures, indent=2))

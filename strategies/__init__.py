@@ -3,4 +3,5 @@
 helpers that search them outside ``@given`` (``search``)."""
 from .sglang import sglang_contexts, sglang_steps  # noqa: F401
 from .worlds import (GPU_SHAPES, a2a_worlds, caps, gpu_worlds, group_token_counts,  # noqa: F401
-                     moe_configs, pool_worlds, regimes, topologies, worlds)
+                     moe_configs, pool_worlds, regimes, sglang_pool_worlds, topologies,
+                     worlds)

@@ -19,7 +19,7 @@ from dispatcher.model.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
 from dispatcher.sizing import ceil_align
 
 __all__ = ["topologies", "group_token_counts", "caps", "moe_configs", "worlds", "a2a_worlds",
-           "gpu_worlds", "pool_worlds", "regimes", "SHAPES",
+           "gpu_worlds", "pool_worlds", "sglang_pool_worlds", "regimes", "SHAPES",
            "CAP_PLACEMENTS", "GpuShapes", "GPU_SHAPES"]
 
 POW2 = (1, 2, 4, 8, 16, 32, 64)
@@ -126,16 +126,19 @@ def caps(draw, payload_rows: int, pre_scatter: int, placement: Optional[str] = N
 @st.composite
 def moe_configs(draw, ep_size: int, hidden_sizes: Sequence[int] = (128, 1024, 2048, 4096, 7168),
                 top_ks: Sequence[int] = SUPPORTED_TOP_K, max_experts_per_rank: int = 8,
-                payloads: Sequence[str] = ("bf16", "nvfp4", "mxfp8")):
+                payloads: Sequence[str] = ("bf16", "nvfp4", "mxfp8"),
+                num_experts: Optional[int] = None):
     """MoE shapes: supported top_k, num_experts >= max(ep_size, top_k) and not always a
-    multiple of ep_size, every dispatch payload format, uniform or one-hot-rank routing."""
+    multiple of ep_size (unless ``num_experts`` fixes it), every dispatch payload format,
+    uniform or one-hot-rank routing."""
     payload = draw(st.sampled_from(payloads))
     multiple = HIDDEN_MULTIPLE[PayloadFormat(payload)]
     hidden = draw(st.sampled_from([h for h in hidden_sizes if h % multiple == 0]))
     top_k = draw(st.sampled_from(top_ks))
-    per_rank = draw(st.integers(1, max_experts_per_rank))
-    extra = draw(st.integers(0, ep_size - 1)) if ep_size > 1 else 0
-    num_experts = max(ep_size * per_rank + extra, top_k, ep_size)
+    if num_experts is None:
+        per_rank = draw(st.integers(1, max_experts_per_rank))
+        extra = draw(st.integers(0, ep_size - 1)) if ep_size > 1 else 0
+        num_experts = max(ep_size * per_rank + extra, top_k, ep_size)
     return MoeConfig(hidden_size=hidden, top_k=top_k,
                      num_experts=num_experts, payload=payload,
                      routing=draw(st.sampled_from(ROUTINGS)),
@@ -204,6 +207,18 @@ def pool_worlds(ep_size: int):
     """Worlds for the rank pool of ``ep_size`` ranks: its caps, its shapes."""
     return gpu_worlds(ep_sizes=[ep_size], max_blocks=GPU_SHAPES.pool_blocks,
                       cap_values=GPU_SHAPES.caps)
+
+
+def sglang_pool_worlds(ep_size: int):
+    """Pool worlds for SGLang's own dispatcher on the real kernels: bf16 payloads (FlashInfer's
+    quantizers need SM100) and 64 experts, so SGLang builds one ``MoeAlltoAll`` per (hidden,
+    top_k, cap), as it builds one per layer shape at start-up."""
+    max_tokens = min(GPU_SHAPES.pool_blocks // ep_size, max(GPU_SHAPES.caps))
+    return worlds(ep_sizes=[ep_size], max_tokens=max_tokens, fitting_only=True,
+                  cap_values=GPU_SHAPES.caps,
+                  moe=lambda ep: moe_configs(ep, hidden_sizes=GPU_SHAPES.hidden_sizes,
+                                             top_ks=GPU_SHAPES.top_ks, payloads=("bf16",),
+                                             num_experts=max(64, ep)))
 
 
 def regimes(world: World) -> set:

@@ -91,10 +91,14 @@ def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes:
             continue
         if msg is None:
             return
+        kind, *example = msg
         try:
-            problems = _run_example(state, rank, ep_size, max_dispatch_bytes,
-                                    max_combine_bytes, *msg)
-            outbox.put(("ok", rank, problems))
+            if kind == "sglang":
+                result = _run_sglang_example(state, rank, ep_size, *example)
+            else:
+                result = _run_example(state, rank, ep_size, max_dispatch_bytes,
+                                      max_combine_bytes, *example)
+            outbox.put(("ok", rank, result))
         except Exception as exc:  # noqa: BLE001 - reported to the parent with its type
             from ..model.validation import A2ASizingError
 
@@ -122,7 +126,7 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int) -> dict:
                             device_id=torch.device("cuda", rank % n_gpus) if backend == "nccl" else None)
     cpu = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     return {"backend": backend, "cpu": cpu, "index": metainfo_index(), "a2as": {},
-            "policies": {}}
+            "policies": {}, "engines": {}, "example": {}}
 
 
 def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec,
@@ -177,6 +181,85 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
     expected = expected_recv_counts(world, inputs)
     return rank_problems(rank, recv, runtime, counts, expected[rank],
                          out.float().cpu().numpy(), reference_outputs(world, [inp])[0])
+
+
+def _run_sglang_example(state, rank, ep_size, world, spec, bypass) -> dict:
+    """SGLang's own ``FlashinferDispatcher`` on this rank, end to end on the real kernels:
+    its ``__init__`` builds its ``MoeAlltoAll`` (over the pool's group), its ``dispatch()``
+    launches the real dispatch kernel with the runtime it computes, the stand-in experts run
+    on what arrived, its ``combine()`` returns the result, checked against the reference."""
+    import torch
+    import torch.distributed as dist
+
+    from ..emulator.a2a import POISON, expected_recv_counts
+    from ..emulator.inputs import make_inputs, reference_outputs
+    from ..model.sglang_context import SGLangContext
+    from ..model.workspace import aux_offsets
+    from ..sglang.loader import release_from_spec
+    from ..sglang.standins import StandardTopKOutput
+    from . import torch_ops
+    from .checks import rank_problems
+
+    engines, cpu = state["engines"], state["cpu"]
+    if spec not in engines:
+        release = release_from_spec(spec.partition(":")[2], real_flashinfer=True)
+        release.process_group = cpu
+        engines[spec] = release
+    release, ctx = engines[spec], SGLangContext()
+    state["example"] = {"world": world, "bypass": bypass, "values": None}
+    inputs = make_inputs(world)
+    inp = inputs[rank]
+    x = torch.from_numpy(inp.x).to("cuda", torch.bfloat16)
+    ids = torch.from_numpy(inp.expert_ids).to("cuda")
+    weights = torch.from_numpy(inp.weights).to("cuda")
+    with release.as_rank(world, rank, ctx):
+        d = release.dispatcher(world, rank, ctx)  # collective the first time a shape is seen
+        a2a = d.moe_a2a
+        _agree_before_launch(a2a, state, ep_size)
+        a2a.workspace[rank][aux_offsets(ep_size, a2a.max_num_tokens).payload_data:].fill_(POISON)
+        torch.cuda.synchronize()
+        dist.barrier(group=cpu)  # nobody writes into a peer before it is poisoned
+        out = d.dispatch(x, StandardTopKOutput(weights, ids, None))
+        runtime = state["example"]["values"][rank]
+        topk = out.topk_output
+        y = torch_ops.stand_in_moe(out.hidden_states.float()[None], topk.topk_ids[None],
+                                   topk.topk_weights[None], torch.tensor([rank], device="cuda"),
+                                   world.moe.num_experts, ep_size)[0]
+        result = d.combine(release.module.FlashinferCombineInput(y))
+    rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
+    counts = a2a.workspace[rank][rc:rc + 4 * ep_size].contiguous().view(torch.int32).cpu().numpy()
+    expected = expected_recv_counts(world, inputs)[rank].copy()
+    if world.rows_per_rank[rank] == 0 and counts[rank] == 1:
+        expected[rank] = 1  # releases before 0.5.15 send one dummy token to themselves
+    problems = rank_problems(rank, None, runtime, counts, expected,
+                             result.float().cpu().numpy(), reference_outputs(world, [inp])[0])
+    return {"problems": problems, "values": state["example"]["values"],
+            "max_num_tokens": a2a.max_num_tokens,
+            "workspace_size_per_rank": a2a.workspace_size_per_rank}
+
+
+def _agree_before_launch(a2a, state, ep_size):
+    """Wrap this ``MoeAlltoAll``'s ``dispatch`` (FlashInfer's object, not SGLang's code):
+    every rank all-gathers the runtime SGLang passes and, unless bypassed, validates it on
+    the CPU before the kernel; a rank launching alone would leave its peers spinning."""
+    if getattr(a2a, "_a2a_gate_agreed", False):
+        return
+    import torch.distributed as dist
+
+    from ..model.validation import validate
+
+    launch = a2a.dispatch
+
+    def dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *a, **k):
+        example = state["example"]
+        agreed = [None] * ep_size
+        dist.all_gather_object(agreed, runtime_max_tokens_per_rank, group=state["cpu"])
+        example["values"] = agreed
+        if example["bypass"] is False:
+            validate(agreed, example["world"].views)
+        return launch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *a, **k)
+    a2a.dispatch = dispatch
+    a2a._a2a_gate_agreed = True
 
 
 class RankPool:
@@ -260,26 +343,40 @@ class RankPool:
         raise cls(f"{what}: rank {failed[0]} failed ({kind}): {text}" + self._tail(failed[0]))
 
     def run(self, world, policy_spec: str, bypass=False) -> None:
-        """Run one world on every rank. ``bypass``: False validates on the CPU first; True
-        launches the policy's values unchecked; a list gives each rank's value directly."""
-        if world.ep_size != self.ep_size:
-            raise ValueError(f"pool has {self.ep_size} ranks, world needs {world.ep_size}")
+        """Run one world on every rank with our kernel driver and the policy's runtimes.
+        ``bypass``: False validates on the CPU first; True launches the policy's values
+        unchecked; a list gives each rank's value directly."""
         if (world.moe.dispatch_bytes > self.max_dispatch_bytes
                 or world.moe.combine_bytes > self.max_combine_bytes):
             raise ValueError(f"{world.moe} needs more bytes per token than the pool's "
                              f"workspaces hold ({self.max_dispatch_bytes} dispatch)")
+        problems = [p for r in self._send("rule", world, policy_spec, bypass) for p in r]
+        if problems:
+            raise RemoteMismatch("; ".join(problems))
+
+    def run_sglang(self, world, sglang_spec: str, bypass=False) -> List[dict]:
+        """Run one world through SGLang's own dispatcher on every rank (``sglang:...``):
+        its dispatch() and combine() on the real kernels. Returns each rank's record (the
+        runtimes all ranks passed, the cap and workspace SGLang built); raises
+        ``RemoteMismatch`` when the output, or the counts, are not the reference's."""
+        results = self._send("sglang", world, sglang_spec, bypass)
+        problems = [p for r in results for p in r["problems"]]
+        if problems:
+            raise RemoteMismatch("; ".join(problems))
+        return results
+
+    def _send(self, kind, world, spec, bypass) -> list:
+        if world.ep_size != self.ep_size:
+            raise ValueError(f"pool has {self.ep_size} ranks, world needs {world.ep_size}")
         for box in self._inboxes:
-            box.put((world, policy_spec, bypass))
+            box.put((kind, world, spec, bypass))
         try:
-            results = self._collect(self.timeout, "example")
+            return self._collect(self.timeout, "example")
         except RemoteSizingError:
             raise  # every rank refused together: they are still in step
         except RankPoolError:
             self._rebuild()
             raise
-        problems = [p for r in results for p in r]
-        if problems:
-            raise RemoteMismatch("; ".join(problems))
 
     def _rebuild(self):
         self.close()

@@ -59,10 +59,12 @@ _SANDBOX_DEPTH = [0]
 
 
 @contextmanager
-def _sandbox():
+def _sandbox(real_flashinfer: bool = False):
     """The stand-in modules, and torch's allocators sending "cuda" tensors to the CPU (old
     releases pre-allocate dummy tensors on "cuda" in __init__; their values are never read).
-    Re-entrant: a step enters it once for all its ranks."""
+    With ``real_flashinfer`` (the GPU pool) FlashInfer is real and SGLang's
+    ``torch.cuda.device_count()`` (its MNNVL ``gpus_per_node``) is the world's ep_size, the
+    pool's one node. Re-entrant: a step enters it once for all its ranks."""
     if _SANDBOX_DEPTH[0]:
         yield
         return
@@ -76,9 +78,14 @@ def _sandbox():
         return inner
 
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.dict(sys.modules, stand_in_modules()))
+        stack.enter_context(mock.patch.dict(sys.modules, stand_in_modules(real_flashinfer)))
         for name in ("empty", "full", "zeros", "ones"):
             stack.enter_context(mock.patch.object(torch, name, to_cpu(getattr(torch, name))))
+        if real_flashinfer:
+            devices = torch.cuda.device_count
+            stack.enter_context(mock.patch.object(
+                torch.cuda, "device_count",
+                lambda: current.get().world.ep_size if current.get(None) else devices()))
         _SANDBOX_DEPTH[0] += 1
         try:
             yield
@@ -96,6 +103,8 @@ class SGLangRelease:
     module: types.ModuleType
     sha256: str
     hooks: Hooks = Hooks()
+    real_flashinfer: bool = False  # FlashInfer's real MoeAlltoAll instead of the recorder
+    process_group: object = None  # with real FlashInfer: the group SGLang bootstraps over
     _instances: "OrderedDict[tuple, object]" = field(default_factory=OrderedDict, repr=False)
     _input_cache: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
     MAX_INSTANCES = 2048  # constructed dispatchers kept (LRU): one per rank and shape
@@ -118,7 +127,9 @@ class SGLangRelease:
         """The policy for one world: each rank's call is that rank's dispatch() runtime."""
         return BoundStep(self, world, ctx)
 
-    def _dispatcher(self, world: World, rank: int, ctx: SGLangContext):
+    def dispatcher(self, world: World, rank: int, ctx: SGLangContext):
+        """This rank's ``FlashinferDispatcher``, constructed by its own ``__init__`` (kept per
+        rank and shape: SGLang builds one per layer at start-up)."""
         moe = world.moe
         key = (world.ep_size, rank, moe.hidden_size, moe.top_k, moe.num_experts, moe.payload,
                ctx.speculative, world.max_num_tokens, world.dp_size, ctx.sp_prefill_a2a,
@@ -129,7 +140,7 @@ class SGLangRelease:
             if len(self._instances) >= self.MAX_INSTANCES:
                 self._instances.popitem(last=False)
             cls = self.module.FlashinferDispatcher
-            kwargs = dict(group=_Group(world, rank), router_topk=moe.top_k,
+            kwargs = dict(group=self.process_group or _Group(world, rank), router_topk=moe.top_k,
                           num_experts=moe.num_experts,
                           num_local_experts=moe.num_experts // world.ep_size,
                           hidden_size=moe.hidden_size)
@@ -146,11 +157,11 @@ class SGLangRelease:
         return self._instances[key]
 
     @contextmanager
-    def _as_rank(self, world: World, rank: int, ctx: SGLangContext):
+    def as_rank(self, world: World, rank: int, ctx: SGLangContext):
         state = _State(world, rank, ctx, self.hooks)
         token = current.set(state)
         try:
-            with _sandbox():  # releases import sglang.* lazily inside __init__/dispatch too
+            with _sandbox(self.real_flashinfer):  # sglang.* is imported lazily in calls too
                 yield state
         finally:
             current.reset(token)
@@ -160,7 +171,7 @@ class SGLangRelease:
         own ``require_mlp_tp_gather()``, and an all-gather that is not skipped."""
         if not world.dp_attention or ctx.skip_all_gather:
             return not ctx.skip_all_gather
-        with self._as_rank(world, 0, ctx):
+        with self.as_rank(world, 0, ctx):
             return mlp_tp_gather()
 
     def replay_world(self, world: World, ctx: SGLangContext) -> Optional[World]:
@@ -188,9 +199,9 @@ class SGLangRelease:
             tp = world.attn_tp_size
             captured = replace(replayed, group_tokens=(replayed.group_tokens[rank // tp],) * world.dp_size)
             return self.outcome(captured, rank, replace(ctx, forward_mode="capture"))
-        with self._as_rank(world, rank, ctx) as state:
+        with self.as_rank(world, rank, ctx) as state:
             try:
-                d = self._dispatcher(world, rank, ctx)
+                d = self.dispatcher(world, rank, ctx)
                 for attr in ("runtime_max_tokens_per_rank", "active_moe_a2a", "active_a2a_namespace"):
                     d.__dict__.pop(attr, None)
                 d.dispatch(*self._inputs(world.rows_per_rank[rank], world.moe))
@@ -220,7 +231,7 @@ class SGLangRelease:
 
     def step(self, world: World, ctx: SGLangContext = SGLangContext()) -> List[Outcome]:
         """Every EP rank's outcome for one step."""
-        with _sandbox():
+        with _sandbox(self.real_flashinfer):
             return [self.outcome(world, r, ctx) for r in range(world.ep_size)]
 
 
@@ -280,23 +291,23 @@ def _companion(path: Optional[Path], name: str) -> Optional[Callable]:
     return None
 
 
-_LOADED: Dict[str, SGLangRelease] = {}
+_LOADED: Dict[tuple, SGLangRelease] = {}
 
 
-def load_release(path, label: Optional[str] = None) -> SGLangRelease:
+def load_release(path, label: Optional[str] = None, real_flashinfer: bool = False) -> SGLangRelease:
     """Load one dispatcher ``flashinfer.py`` (loaded once per content hash per process)."""
     path = Path(path).resolve()
     if not path.is_file() or path.suffix != ".py":
         raise fetch.ReleaseError(f"sglang:{path}: expected SGLang's flashinfer.py, an SGLang "
                                  f"checkout, a wheel or a release version")
     digest = fetch.sha256(path)
-    if digest in _LOADED:
-        return _LOADED[digest]
-    name = f"_a2a_gate_sglang_{digest[:16]}"
+    if (digest, real_flashinfer) in _LOADED:
+        return _LOADED[digest, real_flashinfer]
+    name = f"_a2a_gate_sglang_{digest[:16]}{'_real' if real_flashinfer else ''}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     try:
-        with _sandbox():
+        with _sandbox(real_flashinfer):
             spec.loader.exec_module(module)
     except ImportError:
         raise  # a name the stand-ins lack: its message names it
@@ -312,24 +323,25 @@ def load_release(path, label: Optional[str] = None) -> SGLangRelease:
                                          "require_mlp_tp_gather"),
         a2a_cap=_companion(fetch.companion_file(path, fetch.COMPANIONS[1]),
                            "flashinfer_a2a_max_dispatch_tokens_per_rank"))
-    release = SGLangRelease(path, label or str(path), module, digest, hooks)
-    _LOADED[digest] = release
+    release = SGLangRelease(path, label or str(path), module, digest, hooks, real_flashinfer)
+    _LOADED[digest, real_flashinfer] = release
     return release
 
 
-def release_from_spec(target: str) -> SGLangRelease:
+def release_from_spec(target: str, real_flashinfer: bool = False) -> SGLangRelease:
     """``sglang:TARGET``: "" (installed), a version, a wheel, a checkout or a flashinfer.py."""
     if not target:
-        return load_release(fetch.installed_file(), "installed")
+        return load_release(fetch.installed_file(), "installed", real_flashinfer)
     p = Path(target)
     if p.exists():
         if p.is_dir():
-            return load_release(fetch.checkout_file(p), target)
+            return load_release(fetch.checkout_file(p), target, real_flashinfer)
         if p.suffix == ".whl":
             version = p.name.split("-")[1] if p.name.count("-") >= 2 else p.name
-            return load_release(fetch.wheel_file(p), f"{version} (local wheel {p.name})")
-        return load_release(p, target)
+            return load_release(fetch.wheel_file(p), f"{version} (local wheel {p.name})",
+                                real_flashinfer)
+        return load_release(p, target, real_flashinfer)
     if target[:1].isdigit():
         version = fetch.canonical_version(target)
-        return load_release(fetch.fetch_release(version), version)
+        return load_release(fetch.fetch_release(version), version, real_flashinfer)
     raise fetch.ReleaseError(f"sglang:{target}: no such file or folder, and not a version")

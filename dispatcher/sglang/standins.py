@@ -463,10 +463,51 @@ class StandIn(types.ModuleType):
                           f"add one in dispatcher/sglang/standins.py")
 
 
-def stand_in_modules() -> Dict[str, types.ModuleType]:
-    """Every module SGLang's dispatcher file imports, as stand-ins (for ``sys.modules``)."""
+def _torch_distributed_comm_backend():
+    """SGLang's ``flashinfer_utils.TorchDistributedCommBackend``, as it is: FlashInfer's MNNVL
+    bootstrap over a torch.distributed group (for the real kernels)."""
+    import torch.distributed as dist
+    from flashinfer.comm.mnnvl import CommBackend
+
+    class TorchDistributedCommBackend(CommBackend):
+        def __init__(self, group):
+            self._group = group
+
+        def Get_rank(self):
+            return self._group.rank()
+
+        def Get_size(self):
+            return self._group.size()
+
+        def allgather(self, data):
+            gathered = [None] * self.Get_size()
+            dist.all_gather_object(gathered, data, group=self._group)
+            return gathered
+
+        def bcast(self, data, root=0):
+            obj = [data]
+            dist.broadcast_object_list(obj, src=root, group=self._group)
+            return obj[0]
+
+        def Split(self, color, key):
+            return self
+
+        def barrier(self):
+            dist.barrier(group=self._group)
+    return TorchDistributedCommBackend
+
+
+def stand_in_modules(real_flashinfer: bool = False) -> Dict[str, types.ModuleType]:
+    """Every module SGLang's dispatcher file imports, as stand-ins (for ``sys.modules``).
+    With ``real_flashinfer`` FlashInfer's own modules answer (the real ``MoeAlltoAll``,
+    ``Mapping``, ``MnnvlConfig``) and SGLang's comm backend runs over torch.distributed."""
+    table = _table()
+    if real_flashinfer:
+        table = {n: a for n, a in table.items() if n != "flashinfer" and not n.startswith("flashinfer.")}
+        table["sglang.srt.layers.moe.token_dispatcher.flashinfer_utils"] = {
+            "TorchDistributedCommBackend": _torch_distributed_comm_backend()}
     mods = {}
-    for name, attrs in _table().items():
+    for name, attrs in table.items():
         m = StandIn(name)
         m.__dict__.update(attrs)
         m.__path__ = []  # a package, so submodule imports resolve through sys.modules

@@ -4,37 +4,16 @@ share GPUs. Same checks as the gpu tier, made on every rank."""
 import pytest
 from hypothesis import given
 
-from dispatcher.gpu.env import gpu_count
 from dispatcher.model import properties
 from dispatcher.model.world import MoeConfig, World
-from strategies import GPU_SHAPES, pool_worlds
+from strategies import pool_worlds
+
+from .conftest import ep_sizes
 
 pytestmark = pytest.mark.multi_gpu
 
 
-def _ep_sizes():
-    n = max(1, gpu_count())
-    return [w for w in (2, 4, 8) if w <= 2 * n]
-
-
-@pytest.fixture(scope="session")
-def pools():
-    from dispatcher.gpu.rank_pool import RankPool
-
-    made = {}
-
-    def get(ep_size):
-        if ep_size not in made:
-            made[ep_size] = RankPool(ep_size, max(1, gpu_count()),
-                                     GPU_SHAPES.largest.dispatch_bytes,
-                                     GPU_SHAPES.largest.combine_bytes)
-        return made[ep_size]
-    yield get
-    for pool in made.values():
-        pool.close()
-
-
-@pytest.mark.parametrize("ep_size", _ep_sizes())
+@pytest.mark.parametrize("ep_size", ep_sizes())
 def test_pool_round_trip(ep_size, pools, policy, policy_spec):
     pool = pools(ep_size)
 
