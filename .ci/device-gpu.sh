@@ -6,9 +6,9 @@
 #   .gpu/mnnvl_moe_alltoall.so   the A2A module built for sm_90a (docs/gpu.md says how), installed
 #                                as FlashInfer's AOT module; without it FlashInfer JIT-builds it
 #   .sglang/                     the pinned SGLang files (python -m dispatcher.sglang fetch)
-#   STEPS="gpu multi sglang bad speed wall ttft"   which parts to run; logs in $OUT
+#   STEPS="gpu multi sglang bad speed wall ttft"   which parts to run; logs in $OUT/results.tgz
 set -uo pipefail
-OUT=${OUT:-$PWD/out/gpu}; mkdir -p "$OUT"
+OUT=${OUT:-$PWD/out/gpu}; R=$(mktemp -d); mkdir -p "$OUT"
 STEPS=${STEPS:-gpu multi sglang bad speed wall}
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=gpu
 site=/tmp/site; aot=$site/flashinfer/data/aot/mnnvl_moe_alltoall
@@ -16,15 +16,15 @@ mkdir -p $site && tar -C $site -xzf .gpu/site.tgz
 [ -f .gpu/mnnvl_moe_alltoall.so ] && mkdir -p $aot && cp .gpu/mnnvl_moe_alltoall.so $aot/
 export PYTHONPATH=$site:$PWD
 eval "$(python3 -m dispatcher.gpu.env)"   # NVLink multicast off, as every GPU process sets it
-{ nvidia-smi -L; python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'gpus', torch.cuda.device_count())"; } | tee $OUT/env.log
+{ nvidia-smi -L; python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'gpus', torch.cuda.device_count())"; } | tee $R/env.log
 load='import time; t=time.time(); from dispatcher.gpu.flashinfer import module; module(); print("a2a module ready in %.1f s" % (time.time()-t))'
-if ! python3 -c "$load" 2>&1 | tee -a $OUT/env.log; then
-  echo "prebuilt module did not load; JIT build" | tee -a $OUT/env.log
-  rm -rf $aot; python3 -c "$load" 2>&1 | tee -a $OUT/env.log
+if ! python3 -c "$load" 2>&1 | tee -a $R/env.log; then
+  echo "prebuilt module did not load; JIT build" | tee -a $R/env.log
+  rm -rf $aot; python3 -c "$load" 2>&1 | tee -a $R/env.log
 fi
-step() { local name=$1 limit=$2; shift 2; echo "=== $name: $*" | tee $OUT/$name.log; local t=$SECONDS
-  timeout "$limit" "$@" >> $OUT/$name.log 2>&1; local rc=$?
-  echo "rc=$rc wall=$((SECONDS - t))s" | tee -a $OUT/$name.log; tail -n 6 $OUT/$name.log; }
+step() { local name=$1 limit=$2; shift 2; echo "=== $name: $*" | tee $R/$name.log; local t=$SECONDS
+  timeout "$limit" "$@" >> $R/$name.log 2>&1; local rc=$?
+  echo "rc=$rc wall=$((SECONDS - t))s" | tee -a $R/$name.log; tail -n 6 $R/$name.log; }
 py="python3 -m pytest -p no:cacheprovider -n 0 -q -rs --require-gpus"
 for s in $STEPS; do case $s in
   gpu) step gpu 150 $py -m gpu tests/gpu --timeout=140 ;;
@@ -36,9 +36,9 @@ for s in $STEPS; do case $s in
          step "bad-${pol##*:}" 90 $py -m "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip and 2" --policy=$pol --timeout=80
        done ;;
   speed) for i in 1 2 3; do
-         step "speed-$i" 150 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes 2 4 --out $OUT/gpu_speed_$i.json
+         step "speed-$i" 150 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes 2 4 --out $R/gpu_speed_$i.json
        done ;;
-  wall) step wall 420 python3 benchmarks/suite_wall.py --runs 3 --profile gpu --out $OUT/suite_wall_gpu.json -- --require-gpus ;;
-  ttft) step ttft 300 python3 benchmarks/ttft.py --out $OUT/ttft ;;
+  wall) step wall 420 python3 benchmarks/suite_wall.py --runs 3 --profile gpu --out $R/suite_wall_gpu.json -- --require-gpus ;;
+  ttft) step ttft 300 python3 benchmarks/ttft.py --out $R/ttft ;;
 esac; done
-ls -la $OUT
+tar -C $R -czf $OUT/results.tgz . && ls -la $OUT

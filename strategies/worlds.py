@@ -212,13 +212,15 @@ def pool_worlds(ep_size: int):
 def sglang_pool_worlds(ep_size: int):
     """Pool worlds for SGLang's own dispatcher on the real kernels: bf16 payloads (FlashInfer's
     quantizers need SM100) and 64 experts, so SGLang builds one ``MoeAlltoAll`` per (hidden,
-    top_k, cap), as it builds one per layer shape at start-up."""
+    top_k, cap), as it builds one per layer shape at start-up; no all-idle steps (SGLang's
+    scheduler runs no forward then, docs/sglang.md)."""
     max_tokens = min(GPU_SHAPES.pool_blocks // ep_size, max(GPU_SHAPES.caps))
     return worlds(ep_sizes=[ep_size], max_tokens=max_tokens, fitting_only=True,
                   cap_values=GPU_SHAPES.caps,
                   moe=lambda ep: moe_configs(ep, hidden_sizes=GPU_SHAPES.hidden_sizes,
                                              top_ks=GPU_SHAPES.top_ks, payloads=("bf16",),
-                                             num_experts=max(64, ep)))
+                                             num_experts=max(64, ep))
+                  ).filter(lambda w: max(w.group_tokens) > 0)  # SGLang runs no all-idle step
 
 
 def regimes(world: World) -> set:

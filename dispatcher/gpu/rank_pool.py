@@ -29,7 +29,8 @@ import torch.multiprocessing as mp
 from . import env
 
 __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",
-           "RemoteMismatch", "RemoteSizingError", "RemoteKernelFault", "RemoteError"]
+           "RemoteMismatch", "RemoteSizingError", "RemoteEngineError", "RemoteKernelFault",
+           "RemoteError"]
 
 GRACE_S = 5.0  # once one rank has failed, how long the others get to answer
 
@@ -60,6 +61,11 @@ class RemoteSizingError(RankPoolError):
 
 class RemoteKernelFault(RankPoolError):
     """A CUDA error on a rank: its context is dead; the pool is rebuilt."""
+
+
+class RemoteEngineError(RankPoolError):
+    """The engine's own code (SGLang's dispatch()) raised on every rank before any kernel
+    launched: the ranks are still in step, the pool is kept."""
 
 
 class RemoteError(RankPoolError):
@@ -105,6 +111,9 @@ def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes:
             text = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, A2ASizingError):
                 outbox.put(("sizing", rank, text))
+                continue
+            if kind == "sglang" and not state["example"].get("launched"):
+                outbox.put(("engine", rank, text))  # raised before any collective or kernel
                 continue
             text += "\n" + traceback.format_exc()
             outbox.put(("cuda" if _is_cuda_fault(exc, text) else "error", rank, text))
@@ -206,7 +215,7 @@ def _run_sglang_example(state, rank, ep_size, world, spec, bypass) -> dict:
         release.process_group = cpu
         engines[spec] = release
     release, ctx = engines[spec], SGLangContext()
-    state["example"] = {"world": world, "bypass": bypass, "values": None}
+    state["example"] = {"world": world, "bypass": bypass, "values": None, "launched": False}
     inputs = make_inputs(world)
     inp = inputs[rank]
     x = torch.from_numpy(inp.x).to("cuda", torch.bfloat16)
@@ -252,6 +261,7 @@ def _agree_before_launch(a2a, state, ep_size):
 
     def dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *a, **k):
         example = state["example"]
+        example["launched"] = True  # from here on ranks wait for each other
         agreed = [None] * ep_size
         dist.all_gather_object(agreed, runtime_max_tokens_per_rank, group=state["cpu"])
         example["values"] = agreed
@@ -339,6 +349,9 @@ class RankPool:
         kind, text = got[failed[0]]
         if kind == "sizing":
             raise RemoteSizingError(f"rank {failed[0]}: {text}")
+        if len(got) == self.ep_size and all(got[r][0] == "engine" for r in failed) \
+                and len(failed) == self.ep_size:
+            raise RemoteEngineError(f"rank {failed[0]}: {text}")
         cls = {"cuda": RemoteKernelFault, "error": RemoteError}.get(kind, RankCrashed)
         raise cls(f"{what}: rank {failed[0]} failed ({kind}): {text}" + self._tail(failed[0]))
 
@@ -372,8 +385,8 @@ class RankPool:
             box.put((kind, world, spec, bypass))
         try:
             return self._collect(self.timeout, "example")
-        except RemoteSizingError:
-            raise  # every rank refused together: they are still in step
+        except (RemoteSizingError, RemoteEngineError):
+            raise  # every rank refused together, before any kernel: they are still in step
         except RankPoolError:
             self._rebuild()
             raise

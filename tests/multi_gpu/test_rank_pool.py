@@ -85,14 +85,15 @@ def test_rank_processes_exit_when_their_parent_is_killed(tmp_path):
 
     script = tmp_path / "parent.py"
     script.write_text(
-        "import sys, time\n"
+        "import time\n"
         "from dispatcher.gpu.env import gpu_count\n"
         "from dispatcher.gpu.rank_pool import RankPool\n"
         "from strategies import GPU_SHAPES\n"
-        "pool = RankPool(2, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,\n"
-        "                GPU_SHAPES.largest.combine_bytes)\n"
-        "print(' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
-        "time.sleep(600)\n")
+        "if __name__ == '__main__':  # ranks are spawned: they re-import this file\n"
+        "    pool = RankPool(2, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,\n"
+        "                    GPU_SHAPES.largest.combine_bytes)\n"
+        "    print(' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
+        "    time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:

@@ -33,7 +33,14 @@ def test_sglang_dispatch_and_combine_on_the_real_kernels(ep_size, pools, engine_
 
     @given(world=sglang_pool_worlds(ep_size))
     def run(world):
-        results = pool.run_sglang(world, engine_spec)
+        from dispatcher.gpu.rank_pool import RemoteEngineError
+
+        try:
+            results = pool.run_sglang(world, engine_spec)
+        except RemoteEngineError as exc:  # SGLang's dispatch() raised on every rank
+            raise properties.RuleCrashed(f"[rule crashed] {engine_spec} dispatch() raised on "
+                                         f"every EP rank: {exc}\n"
+                                         + properties.explain(world, [], engine_spec)) from None
         values = properties.RuleValues(results[0]["values"])
         properties.check_all(world, values, engine_spec)
         built = {(r["max_num_tokens"], r["workspace_size_per_rank"]) for r in results}
