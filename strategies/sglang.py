@@ -10,6 +10,7 @@ speculative, a derived cap is ``max(chunked_prefill_size, 4096)``.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from hypothesis import assume, strategies as st
@@ -62,40 +63,49 @@ def _producible(world, ctx):
 COLLAPSING = dict(moe_dense_tp_size=1, enable_dp_lm_head=True)  # require_mlp_tp_gather False
 
 
+@functools.lru_cache(maxsize=None)
+def _worlds(**kwargs):
+    """World strategies built once per regime (not once per example)."""
+    return worlds(max_ep=kwargs.pop("max_ep", MAX_EP), **kwargs)
+
+
+_ANY_CONTEXT = sglang_contexts()
+_CAP_SIZES = st.sampled_from(CHUNKED_PREFILL_SIZES)
+_EXTRA = st.integers(1, 4)
+
+
 @st.composite
 def sglang_steps(draw, regime: str = "any"):
     """``(world, ctx)`` in ``regime`` (one of REGIMES)."""
     if regime == "any":
-        ctx = draw(sglang_contexts())
-        world = draw(worlds(max_ep=MAX_EP))
-        return _producible(world, ctx), ctx
+        ctx = draw(_ANY_CONTEXT)
+        return _producible(draw(_worlds()), ctx), ctx
     if regime == "sp-prescatter":
-        return draw(worlds(ep_sizes=(2, 3, 4, 8), dp_attention=False)), SGLangContext()
+        return draw(_worlds(ep_sizes=(2, 3, 4, 8), dp_attention=False)), SGLangContext()
     if regime == "constructed-cap":
         ctx = SGLangContext(cap_from_env=draw(st.booleans()),
-                            chunked_prefill_size=draw(st.sampled_from(CHUNKED_PREFILL_SIZES)))
-        return _producible(draw(worlds(max_ep=MAX_EP, fitting_only=True)), ctx), ctx
+                            chunked_prefill_size=draw(_CAP_SIZES))
+        return _producible(draw(_worlds(fitting_only=True)), ctx), ctx
     if regime == "collapsed-dp-global":
-        world = draw(worlds(max_ep=MAX_EP, dp_attention=True, fitting_only=True))
+        world = draw(_worlds(dp_attention=True, fitting_only=True))
         return world, SGLangContext(**COLLAPSING)
     if regime == "cuda-graph-buckets":
         ctx = SGLangContext(forward_mode="replay", **COLLAPSING)
-        world = draw(worlds(max_ep=MAX_EP, dp_attention=True, max_tokens=CAPTURE_SIZES[-1],
-                            fitting_only=True))
+        world = draw(_worlds(dp_attention=True, max_tokens=CAPTURE_SIZES[-1], fitting_only=True))
         return _producible(world, ctx), ctx
     if regime == "all-idle":
         ctx = SGLangContext(skip_all_gather=True)
-        return draw(worlds(max_ep=MAX_EP, dp_attention=True, shape="all_zero")), ctx
+        return draw(_worlds(dp_attention=True, shape="all_zero")), ctx
     if regime == "stale-draft":
         ctx = SGLangContext(speculative=True, draft_forward=True,
-                            draft_extra_tokens=draw(st.integers(1, 4)))
-        return _producible(draw(worlds(max_ep=MAX_EP, fitting_only=True)), ctx), ctx
+                            draft_extra_tokens=draw(_EXTRA))
+        return _producible(draw(_worlds(fitting_only=True)), ctx), ctx
     if regime == "padding-slots":
-        return draw(worlds(max_ep=MAX_EP, fitting_only=True)), SGLangContext()
+        return draw(_worlds(fitting_only=True)), SGLangContext()
     if regime == "extend-over-cap":
         ctx = SGLangContext(forward_mode=draw(st.sampled_from(("extend", "mixed"))),
                             sp_prefill_a2a=draw(st.booleans()))
-        world = draw(worlds(max_ep=MAX_EP, cap_placement="payload_minus_1"))
+        world = draw(_worlds(cap_placement="payload_minus_1"))
         assume(not world.payload_fits_cap)
         return world, ctx
     raise ValueError(f"unknown regime {regime!r}: one of {REGIMES}")

@@ -9,6 +9,7 @@ option first, so failures shrink to one group, one rank, few tokens, the default
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Tuple
 
@@ -54,32 +55,48 @@ def _divisors(n: int) -> list:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@st.composite
-def topologies(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
-               dp_attention: Optional[bool] = None):
-    """``(ep_size, dp_size)``: powers of two mostly, any size up to ``max_ep`` sometimes;
-    ``dp_size`` any divisor (1 = DP attention off); ``dp_attention`` forces it on or off."""
-    if ep_sizes:
-        ep = draw(st.sampled_from(sorted(ep_sizes)))
-    else:
-        ep = draw(st.sampled_from([p for p in POW2 if p <= max_ep]) | st.integers(1, max_ep))
-    if dp_attention:
-        ep = max(ep, 2)
-    divisors = {None: _divisors(ep), True: _divisors(ep)[1:], False: [1]}[dp_attention]
-    dp = draw(st.sampled_from(divisors))
-    return ep, dp
+# Strategy objects are built once per argument tuple, not once per example: a strategy built
+# inside a draw is validated by Hypothesis every time, which cost more than the draw itself.
+@functools.lru_cache(maxsize=None)
+def _choice(values: tuple):
+    return st.sampled_from(values)
 
 
+@functools.lru_cache(maxsize=None)
+def _ep_size(max_ep: int):
+    return st.sampled_from([p for p in POW2 if p <= max_ep]) | st.integers(1, max_ep)
+
+
+@functools.lru_cache(maxsize=4096)
 def _token_count(attn_tp: int, max_tokens: int):
     """0, 1, counts around a multiple of attn_tp, or anything up to ``max_tokens``."""
     special = sorted({0, 1, attn_tp - 1, attn_tp, attn_tp + 1, 2 * attn_tp + 1})
     return st.sampled_from([x for x in special if 0 <= x <= max_tokens]) | st.integers(0, max_tokens)
 
 
+@functools.lru_cache(maxsize=4096)
+def _fixed_lists(elements, size: int):
+    return st.lists(elements, min_size=size, max_size=size)
+
+
+def _draw_topology(draw, max_ep, ep_sizes, dp_attention):
+    ep = draw(_choice(tuple(sorted(ep_sizes))) if ep_sizes else _ep_size(max_ep))
+    if dp_attention:
+        ep = max(ep, 2)
+    divisors = {None: _divisors(ep), True: _divisors(ep)[1:], False: [1]}[dp_attention]
+    return ep, draw(_choice(tuple(divisors)))
+
+
 @st.composite
-def group_token_counts(draw, dp_size: int, attn_tp: int, max_tokens: int, shape: Optional[str] = None):
-    """Scheduler token counts, one per DP group, in one of ``SHAPES``."""
-    shape = shape or draw(st.sampled_from(SHAPES if dp_size > 1 else SHAPES[:1] + ("all_zero",)))
+def topologies(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
+               dp_attention: Optional[bool] = None):
+    """``(ep_size, dp_size)``: powers of two mostly, any size up to ``max_ep`` sometimes;
+    ``dp_size`` any divisor (1 = DP attention off); ``dp_attention`` forces it on or off."""
+    return _draw_topology(draw, max_ep, ep_sizes, dp_attention)
+
+
+def _draw_group_tokens(draw, dp_size, attn_tp, max_tokens, shape):
+    shape = shape or draw(_choice(SHAPES if dp_size > 1 else SHAPES[:1] + ("all_zero",)))
     one = _token_count(attn_tp, max_tokens)
     if shape == "all_zero":
         return (0,) * dp_size
@@ -88,23 +105,25 @@ def group_token_counts(draw, dp_size: int, attn_tp: int, max_tokens: int, shape:
     if shape == "one_hot":  # one busy group, the rest idle or nearly (skew)
         hot = draw(st.integers(0, dp_size - 1))
         big = draw(one)
-        rest = draw(st.lists(st.integers(0, 2), min_size=dp_size, max_size=dp_size))
+        rest = draw(_fixed_lists(st.integers(0, 2), dp_size))
         return tuple(big if g == hot else rest[g] for g in range(dp_size))
     # one structured draw per group (cheap: dp_size reaches 64); boundaries come from ``one``
     first = draw(one)
-    rest = draw(st.lists(st.integers(0, max_tokens), min_size=dp_size - 1, max_size=dp_size - 1))
+    rest = draw(_fixed_lists(st.integers(0, max_tokens), dp_size - 1))
     counts = [first] + rest
     if shape == "with_zeros":
-        zero = draw(st.lists(st.booleans(), min_size=dp_size, max_size=dp_size))
+        zero = draw(_fixed_lists(st.booleans(), dp_size))
         counts = [0 if z else c for c, z in zip(counts, zero)]
     return tuple(counts)
 
 
 @st.composite
-def caps(draw, payload_rows: int, pre_scatter: int, placement: Optional[str] = None,
-         fitting_only: bool = False):
-    """A workspace cap placed relative to the largest payload (``payload_rows``) and the
-    pre-scatter count (``pre_scatter``); ``fitting_only`` keeps the payload within it."""
+def group_token_counts(draw, dp_size: int, attn_tp: int, max_tokens: int, shape: Optional[str] = None):
+    """Scheduler token counts, one per DP group, in one of ``SHAPES``."""
+    return _draw_group_tokens(draw, dp_size, attn_tp, max_tokens, shape)
+
+
+def _draw_cap(draw, payload_rows, pre_scatter, placement, fitting_only):
     m = max(1, payload_rows)
     options = {
         "at_payload": m,
@@ -113,14 +132,22 @@ def caps(draw, payload_rows: int, pre_scatter: int, placement: Optional[str] = N
         "pre_scatter": max(1, pre_scatter),
         "pre_scatter_minus_1": max(1, pre_scatter - 1),
     }
-    placement = placement or draw(st.sampled_from(CAP_PLACEMENTS))
+    placement = placement or draw(_choice(CAP_PLACEMENTS))
     if placement == "realistic":
-        cap = draw(st.sampled_from(REALISTIC_CAPS))
+        cap = draw(_choice(REALISTIC_CAPS))
     elif placement == "roomy":
         cap = draw(st.integers(m, 4 * m + 8))
     else:
         cap = options[placement]
     return max(cap, m) if fitting_only else cap
+
+
+@st.composite
+def caps(draw, payload_rows: int, pre_scatter: int, placement: Optional[str] = None,
+         fitting_only: bool = False):
+    """A workspace cap placed relative to the largest payload (``payload_rows``) and the
+    pre-scatter count (``pre_scatter``); ``fitting_only`` keeps the payload within it."""
+    return _draw_cap(draw, payload_rows, pre_scatter, placement, fitting_only)
 
 
 @st.composite
@@ -131,17 +158,17 @@ def moe_configs(draw, ep_size: int, hidden_sizes: Sequence[int] = (128, 1024, 20
     """MoE shapes: supported top_k, num_experts >= max(ep_size, top_k) and not always a
     multiple of ep_size (unless ``num_experts`` fixes it), every dispatch payload format,
     uniform or one-hot-rank routing."""
-    payload = draw(st.sampled_from(payloads))
+    payload = draw(_choice(tuple(payloads)))
     multiple = HIDDEN_MULTIPLE[PayloadFormat(payload)]
-    hidden = draw(st.sampled_from([h for h in hidden_sizes if h % multiple == 0]))
-    top_k = draw(st.sampled_from(top_ks))
+    hidden = draw(_choice(tuple(h for h in hidden_sizes if h % multiple == 0)))
+    top_k = draw(_choice(tuple(top_ks)))
     if num_experts is None:
         per_rank = draw(st.integers(1, max_experts_per_rank))
         extra = draw(st.integers(0, ep_size - 1)) if ep_size > 1 else 0
         num_experts = max(ep_size * per_rank + extra, top_k, ep_size)
     return MoeConfig(hidden_size=hidden, top_k=top_k,
                      num_experts=num_experts, payload=payload,
-                     routing=draw(st.sampled_from(ROUTINGS)),
+                     routing=draw(_choice(ROUTINGS)),
                      seed=draw(st.integers(0, 2**32 - 1)))
 
 
@@ -156,13 +183,13 @@ def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
     values at least the payload (the multi-GPU tier reuses one workspace per cap);
     ``dp_attention``, ``shape`` (one of SHAPES) and ``cap_placement`` (one of
     CAP_PLACEMENTS) pin those choices for a regime."""
-    ep, dp = draw(topologies(max_ep, ep_sizes, dp_attention))
+    ep, dp = _draw_topology(draw, max_ep, ep_sizes, dp_attention)
     attn_tp = ep // dp
-    kind = draw(st.sampled_from(DP_GLOBAL_KINDS))
-    scale = draw(st.sampled_from([m for m in (8, 64, 1024, max_tokens) if m <= max_tokens]))
+    kind = draw(_choice(DP_GLOBAL_KINDS))
+    scale = draw(_choice(tuple(m for m in (8, 64, 1024, max_tokens) if m <= max_tokens)))
     if shape is None and kind != "recorded":
         shape = "equal"
-    tokens = draw(group_token_counts(dp, attn_tp, scale, shape=shape))
+    tokens = _draw_group_tokens(draw, dp, attn_tp, scale, shape)
     max_len = dp > 1 and draw(st.booleans())
     padded = [ceil_align(n, attn_tp) for n in tokens]
     rows = max(padded) // attn_tp
@@ -170,9 +197,9 @@ def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
         fits = [c for c in sorted(cap_values) if c >= max(1, rows)]
         if not fits:
             raise ValueError(f"cap_values {cap_values} cannot hold {rows} rows: lower max_tokens")
-        cap = draw(st.sampled_from(fits))
+        cap = draw(_choice(tuple(fits)))
     else:
-        cap = draw(caps(rows, max(padded), placement=cap_placement, fitting_only=fitting_only))
+        cap = _draw_cap(draw, rows, max(padded), cap_placement, fitting_only)
     moe_cfg = draw(moe(ep)) if moe is not None else MoeConfig()
     return World(ep_size=ep, dp_size=dp, group_tokens=tokens, max_num_tokens=cap,
                  dp_global_kind=kind, max_len_padding=max_len, moe=moe_cfg)

@@ -76,12 +76,18 @@ def policy_name(policy: Policy) -> str:
 
 class RuleValues(list):
     """The policy's value per EP rank, with ``notes``: what an engine policy's own code saw
-    on each rank (e.g. the ``dp_global`` SGLang was handed), shown in every failure."""
+    on each rank (e.g. the ``dp_global`` SGLang was handed), shown in every failure (and
+    rendered only then: ``notes_from`` is the engine's own renderer)."""
 
-    def __init__(self, values, notes: str = "", replay_args: str = ""):
+    def __init__(self, values, notes: str = "", replay_args: str = "", notes_from=None):
         super().__init__(values)
-        self.notes = notes
+        self._notes = notes
+        self.notes_from = notes_from
         self.replay_args = replay_args  # e.g. an engine's --context, for the replay line
+
+    @property
+    def notes(self) -> str:
+        return self.notes_from() if self.notes_from else self._notes
 
 
 def for_world(policy, world: World) -> Policy:
@@ -97,7 +103,8 @@ def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
     non-int or answers differently is reported with the world and a replay line."""
     name = name or policy_name(policy)
     rank_policy = for_world(policy, world)
-    values = RuleValues([], replay_args=getattr(rank_policy, "replay_args", ""))
+    values = RuleValues([], replay_args=getattr(rank_policy, "replay_args", ""),
+                        notes_from=getattr(rank_policy, "notes", None))
     for view in world.views:
         values.append(_call(rank_policy, view, world, values, name))
     last = world.ep_size - 1  # asked again right after: a counter or a coin shows here
@@ -114,10 +121,7 @@ def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
 def _call(policy, view, world, values, name):
     t0 = time.perf_counter()
     try:
-        try:
-            value = policy(view)
-        finally:
-            values.notes = getattr(policy, "notes", lambda: "")()
+        value = policy(view)
     except NotApplicable:
         raise
     except A2ASizingError as exc:

@@ -11,6 +11,7 @@ every rank's dispatch() sees the whole world (MoE shapes included), never a rebu
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 from collections import OrderedDict
 import logging
@@ -61,8 +62,9 @@ _SANDBOX_DEPTH = [0]
 @contextmanager
 def _sandbox(real_flashinfer: bool = False):
     """The stand-in modules, and torch's allocators sending "cuda" tensors to the CPU (old
-    releases pre-allocate dummy tensors on "cuda" in __init__; their values are never read).
-    With ``real_flashinfer`` (the GPU pool) FlashInfer is real and SGLang's
+    releases pre-allocate dummy tensors on "cuda" in __init__; their values are never read,
+    and a recorder run must not initialise CUDA in every xdist worker of a GPU host).
+    With ``real_flashinfer`` (the GPU pool) FlashInfer is real, tensors stay on the GPU and SGLang's
     ``torch.cuda.device_count()`` (its MNNVL ``gpus_per_node``) is the world's ep_size, the
     pool's one node. Re-entrant: a step enters it once for all its ranks."""
     if _SANDBOX_DEPTH[0]:
@@ -72,16 +74,17 @@ def _sandbox(real_flashinfer: bool = False):
 
     def to_cpu(fn):
         def inner(*a, **k):
-            if str(k.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+            if str(k.get("device", "")).startswith("cuda"):
                 k["device"] = "cpu"
             return fn(*a, **k)
         return inner
 
     with ExitStack() as stack:
         stack.enter_context(mock.patch.dict(sys.modules, stand_in_modules(real_flashinfer)))
-        for name in ("empty", "full", "zeros", "ones"):
-            stack.enter_context(mock.patch.object(torch, name, to_cpu(getattr(torch, name))))
-        if real_flashinfer:
+        if not real_flashinfer:  # the recorder never touches a GPU, even on a GPU host
+            for name in ("empty", "full", "zeros", "ones"):
+                stack.enter_context(mock.patch.object(torch, name, to_cpu(getattr(torch, name))))
+        else:
             devices = torch.cuda.device_count
             stack.enter_context(mock.patch.object(
                 torch.cuda, "device_count",
@@ -123,6 +126,11 @@ class SGLangRelease:
         raise TypeError(f"{self.spec} runs SGLang's dispatch() for a whole world: call "
                         f"bind(world)(view), as dispatcher.model.properties.rule_values does")
 
+    @functools.cached_property
+    def _takes_sp_prefill_arg(self) -> bool:
+        init = self.module.FlashinferDispatcher.__init__
+        return "enable_sp_prefill_a2a" in inspect.signature(init).parameters
+
     def bind(self, world: World, ctx: SGLangContext = SGLangContext()) -> "BoundStep":
         """The policy for one world: each rank's call is that rank's dispatch() runtime."""
         return BoundStep(self, world, ctx)
@@ -144,7 +152,7 @@ class SGLangRelease:
                           num_experts=moe.num_experts,
                           num_local_experts=moe.num_experts // world.ep_size,
                           hidden_size=moe.hidden_size)
-            if "enable_sp_prefill_a2a" in inspect.signature(cls.__init__).parameters:
+            if self._takes_sp_prefill_arg:
                 kwargs["enable_sp_prefill_a2a"] = ctx.sp_prefill_a2a  # server arg, 0.5.2x
             d = cls(**kwargs)  # SGLang constructs its MoeAlltoAll (cap, workspace) itself
             quant = {}
@@ -266,6 +274,7 @@ class BoundStep:
         return out.runtime
 
     def notes(self) -> str:
+        """Rendered only when a failure is reported."""
         if not self.outcomes:
             return ""
         from .classes import describe_outcomes

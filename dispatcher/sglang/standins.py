@@ -56,6 +56,8 @@ class _State:
     ctx: SGLangContext
     hooks: Hooks
     seen_dp_global: object = "not read"
+    args: object = None  # the server args / parallel state, built once per (rank, step)
+    parallel: object = None
 
 
 current: contextvars.ContextVar[_State] = contextvars.ContextVar("sglang_world")
@@ -97,12 +99,13 @@ def recorded_dp_global(world: World, ctx: SGLangContext, rank: int, gather: bool
       fewer per busy group than it holds (at least 1).
     """
     tp = world.attn_tp_size
-    counts = world.group_tokens
     if ctx.draft_forward:
-        counts = tuple(max(1, n - ctx.draft_extra_tokens) if n else 0 for n in counts)
-    padded = [ceil_align(n, tp) for n in counts]
-    if world.max_len_padding:
-        padded = [max(padded)] * len(padded)
+        counts = tuple(max(1, n - ctx.draft_extra_tokens) if n else 0 for n in world.group_tokens)
+        padded = [ceil_align(n, tp) for n in counts]
+        if world.max_len_padding:
+            padded = [max(padded)] * len(padded)
+    else:
+        padded = list(world.padded_group_tokens)
     if world.dp_attention:
         if not gather:
             return [padded[rank // tp]]
@@ -160,9 +163,11 @@ class _Args(types.SimpleNamespace):
 
 def get_parallel():
     s = _state()
-    return _Args(**vars(_server_args()), attn_tp_size=s.world.attn_tp_size,
-                 attn_dp_enabled=s.world.dp_attention, num_dp_ranks=s.world.dp_size,
-                 tp_group=_Group(s.world, s.rank))
+    if s.parallel is None:
+        s.parallel = _Args(**vars(_server_args()), attn_tp_size=s.world.attn_tp_size,
+                           attn_dp_enabled=s.world.dp_attention, num_dp_ranks=s.world.dp_size,
+                           tp_group=_Group(s.world, s.rank))
+    return s.parallel
 
 
 def get_exec():
@@ -189,6 +194,12 @@ def get_spec():
 
 def _server_args():
     s = _state()
+    if s.args is None:
+        s.args = _new_server_args(s)
+    return s.args
+
+
+def _new_server_args(s):
     w = s.world
     return _Args(
         speculative_algorithm=_spec_name(), enable_dp_attention=w.dp_attention, dp_size=w.dp_size,
@@ -497,6 +508,7 @@ def _torch_distributed_comm_backend():
     return TorchDistributedCommBackend
 
 
+@functools.lru_cache(maxsize=None)
 def stand_in_modules(real_flashinfer: bool = False) -> Dict[str, types.ModuleType]:
     """Every module SGLang's dispatcher file imports, as stand-ins (for ``sys.modules``).
     With ``real_flashinfer`` FlashInfer's own modules answer (the real ``MoeAlltoAll``,
