@@ -77,7 +77,7 @@ def test_every_step_of_a_regime_is_in_its_class(regime):
     """sglang_steps(regime) draws only steps its bug class applies to (nothing wasted)."""
     from dispatcher.sglang.classes import BUG_CLASSES
 
-    assert_all_examples(sglang_steps(regime), lambda step: BUG_CLASSES[regime].applies(*step))
+    assert_all_examples(sglang_steps(regime), lambda step: BUG_CLASSES[regime].applies(*step), 150)
 
 
 @pytest.mark.parametrize("label, condition", [

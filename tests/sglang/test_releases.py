@@ -139,14 +139,14 @@ def test_cuda_graph_bucket_regression_and_fix(releases):
 @pytest.mark.parametrize("version", list(EXPECTED_PROPERTIES))
 @pytest.mark.parametrize("column", COLUMNS)
 def test_release_property_verdict(releases, version, column):
+    """Every cell of the property table (eager decode). A broken property must be found in
+    1,500 worlds (not shrunk here: the shrunk examples are the table's, and the pinned tests
+    below read them), a held one must survive 300."""
     release = releases[version]
-    broken = column in EXPECTED_PROPERTIES[version]
-    world = minimal(worlds(), breaks(release, column), 1500 if broken else 300)
-    if broken:
-        assert world is not None, f"{version} no longer breaks {column}: update the table"
-        assert world.ep_size <= 4, f"shrank only to {world!r}"
+    if column in EXPECTED_PROPERTIES[version]:
+        find_any(worlds(), breaks(release, column), 1500)
     else:
-        assert world is None, f"{version} breaks {column}: {world!r}"
+        assert_no_examples(worlds(), breaks(release, column), 300)
 
 
 def test_pre_25685_release_fails_with_a_shrunk_sp_counterexample(releases):
