@@ -151,14 +151,19 @@ class _Group:
         raise RoutedAround()
 
 
+def _no_stand_in(name: str, what: str, error=AttributeError):
+    """A name SGLang reads that has no stand-in: fail by name (dunder lookups stay plain)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise error(f"the SGLang adapter has no stand-in for {what}: add it in "
+                f"dispatcher/sglang/standins.py")
+
+
 class _Args(types.SimpleNamespace):
     """Server args / parallel state: the fields listed; any other fails by name."""
 
     def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(f"the SGLang adapter has no stand-in for the server arg or "
-                             f"parallel field {name!r}: add it in dispatcher/sglang/standins.py")
+        _no_stand_in(name, f"the server arg or parallel field {name!r}")
 
 
 def get_parallel():
@@ -468,10 +473,7 @@ class StandIn(types.ModuleType):
     """A stand-in module: only the names listed; anything else fails the load by name."""
 
     def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise ImportError(f"the SGLang adapter has no stand-in for {self.__name__}.{name}: "
-                          f"add one in dispatcher/sglang/standins.py")
+        _no_stand_in(name, f"{self.__name__}.{name}", ImportError)
 
 
 def _torch_distributed_comm_backend():
