@@ -103,7 +103,7 @@ def sglang_steps(draw, regime: str = "any"):
     if regime == "padding-slots":
         return draw(_worlds(fitting_only=True)), SGLangContext()
     if regime == "extend-over-cap":
-        ctx = SGLangContext(forward_mode=draw(st.sampled_from(("extend", "mixed"))),
+        ctx = SGLangContext(forward_mode=draw(st.sampled_from(("extend", "decode", "mixed"))),
                             sp_prefill_a2a=draw(st.booleans()))
         world = draw(_worlds(cap_placement="payload_minus_1"))
         assume(not world.payload_fits_cap)

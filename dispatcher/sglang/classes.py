@@ -206,9 +206,9 @@ BUG_CLASSES: Dict[str, BugClass] = {c.key: c for c in (
              lambda w, c: c.draft_forward, _stale_draft),
     BugClass("padding-slots", "padding slots unmarked", "SGLang #24850",
              lambda w, c: True, _padding),
-    BugClass("extend-over-cap", "extend over the cap", "SGLang #39818",
-             lambda w, c: c.forward_mode in ("extend", "mixed") and not w.payload_fits_cap,
-             _extend_over_cap),
+    BugClass("extend-over-cap", "a batch over the cap", "SGLang #39818",
+             lambda w, c: c.forward_mode in ("decode", "extend", "mixed") and not w.payload_fits_cap
+             and not c.draft_forward, _extend_over_cap),
 )}
 
 
