@@ -129,6 +129,9 @@ def test_bad_sglang_targets_are_policy_errors(tmp_path, monkeypatch):
     ]:
         with pytest.raises(PolicyError, match=words.replace("(", r"\(")):
             load_policy(f"sglang:{target}")
+    # a wheel without a version in its name is still a wheel: labelled by its file name
+    nameless = _wheel(tmp_path / "mybuild.whl", {fetch.RELEASE_FILE: "class FlashinferDispatcher:\n    pass\n"})
+    assert "mybuild.whl" in load_policy(f"sglang:{nameless}")[1].label
 
 
 def test_versions_are_canonical():
