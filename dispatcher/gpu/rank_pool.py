@@ -347,10 +347,10 @@ class RankPool:
         if not failed:
             return [got[r][1] for r in range(self.ep_size)]
         kind, text = got[failed[0]]
-        if kind == "sizing":
+        kinds = {k for k, _ in got.values()}
+        if len(got) == self.ep_size and kinds == {"sizing"}:  # all refused the same values
             raise RemoteSizingError(f"rank {failed[0]}: {text}")
-        if len(got) == self.ep_size and all(got[r][0] == "engine" for r in failed) \
-                and len(failed) == self.ep_size:
+        if len(got) == self.ep_size and kinds == {"engine"}:  # all raised before any kernel
             raise RemoteEngineError(f"rank {failed[0]}: {text}")
         cls = {"cuda": RemoteKernelFault, "error": RemoteError}.get(kind, RankCrashed)
         raise cls(f"{what}: rank {failed[0]} failed ({kind}): {text}" + self._tail(failed[0]))
