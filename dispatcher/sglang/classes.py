@@ -133,10 +133,6 @@ def _constructed_cap(release, world, ctx, outs):
     return None
 
 
-def _collapsed(release, world, ctx, outs):
-    return _runtime_problems(world, outs, world)
-
-
 def _cuda_graph_buckets(release, world, ctx, outs):
     replayed = release.replay_world(world, ctx)
     problem = _runtime_problems(world, outs, replayed)
@@ -145,11 +141,8 @@ def _cuda_graph_buckets(release, world, ctx, outs):
     return None
 
 
-def _all_idle(release, world, ctx, outs):
-    return _runtime_problems(world, outs, world)
-
-
-def _stale_draft(release, world, ctx, outs):
+def _sound_launch(release, world, ctx, outs):
+    """The classes whose damage is an unsound launch: checked as such, nothing more."""
     return _runtime_problems(world, outs, world)
 
 
@@ -196,14 +189,14 @@ BUG_CLASSES: Dict[str, BugClass] = {c.key: c for c in (
     BugClass("constructed-cap", "constructed cap", "SGLang #25907, #26643",
              lambda w, c: True, _constructed_cap),
     BugClass("collapsed-dp-global", "collapsed dp_global", "SGLang #27945",
-             lambda w, c: _eager(c) and w.dp_attention and w.payload_fits_cap, _collapsed),
+             lambda w, c: _eager(c) and w.dp_attention and w.payload_fits_cap, _sound_launch),
     BugClass("cuda-graph-buckets", "per-rank CUDA-graph buckets",
              "SGLang #29461 -> #30242 -> #30450",
              lambda w, c: c.forward_mode == "replay" and w.dp_attention, _cuda_graph_buckets),
     BugClass("all-idle", "all-idle DP step", "SGLang #22394",
-             lambda w, c: max(w.group_tokens) == 0, _all_idle),
+             lambda w, c: max(w.group_tokens) == 0, _sound_launch),
     BugClass("stale-draft", "stale draft dp_global", "SGLang's MoRI recv-bound test",
-             lambda w, c: c.draft_forward, _stale_draft),
+             lambda w, c: c.draft_forward, _sound_launch),
     BugClass("padding-slots", "padding slots unmarked", "SGLang #24850",
              lambda w, c: True, _padding),
     BugClass("extend-over-cap", "a batch over the cap", "SGLang #39818",
