@@ -32,15 +32,16 @@ def replay(world_text: str, spec: str, context_text: str = "") -> int:
         world = parse_world(world_text)
         ctx = parse_context(context_text) if context_text else SGLangContext()
         name, policy = load_policy(spec)
-        if context_text and not hasattr(policy, "step"):
-            raise BadWorld(f"--context is for sglang: policies; {spec} is a rule of a RankView")
+        sglang = getattr(policy, "engine", None) == "sglang"
+        if context_text and not sglang:
+            raise BadWorld(f"--context is for sglang: policies; {spec} is not one")
     except (BadWorld, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return BAD_INPUT
-    failed = _engine_classes(policy, world, ctx) if hasattr(policy, "step") else 0
-    if hasattr(policy, "bind"):
-        policy = policy.bind(world, ctx)
+    failed = _engine_classes(policy, world, ctx) if sglang else 0
     try:
+        if sglang:
+            policy = policy.bind(world, ctx)
         values = properties.rule_values(policy, world, name)
     except properties.PropertyViolation as exc:  # crashed, not an int, nondeterministic
         print(exc)

@@ -4,6 +4,8 @@
 - ``module:callable``: your rule, imported (``mypkg.sizing:rule``, ``dispatcher.sizing:ideal_rule``)
 - ``sglang`` / ``sglang:VERSION`` / ``sglang:PATH``: SGLang's own dispatcher (installed, a
   release fetched from PyPI and verified, or a checkout / wheel / ``flashinfer.py``)
+- ``vllm`` / ``vllm:VERSION`` / ``vllm:PATH``, optionally ``@two-sided``: vLLM's own FlashInfer
+  NVLink prepare/finalize, in the same forms
 
 A spec that cannot be resolved raises ``PolicyError`` naming what is wrong; only the module
 or file the spec names is executed.
@@ -39,11 +41,21 @@ def load_policy(spec: str) -> Tuple[str, Policy]:
             return spec, release_from_spec(spec.partition(":")[2])
         except (ValueError, ImportError, OSError) as exc:
             raise PolicyError(f"--policy {spec}: {exc}") from None
+    if spec == "vllm" or spec.startswith("vllm:"):
+        try:
+            from .vllm.loader import release_from_spec as vllm_release
+        except ImportError as exc:  # torch missing
+            raise PolicyError(f"--policy {spec} needs torch (pip install torch==2.13.0, the "
+                              f"CPU build): {exc}") from None
+        try:
+            return spec, vllm_release(spec.partition(":")[2])
+        except (ValueError, ImportError, OSError) as exc:
+            raise PolicyError(f"--policy {spec}: {exc}") from None
     if ":" not in spec:
         if spec in NAMED:
             return spec, NAMED[spec]
-        raise PolicyError(f"unknown policy {spec!r}: use module:callable, sglang[:VERSION|PATH] "
-                          f"or one of {sorted(NAMED)}")
+        raise PolicyError(f"unknown policy {spec!r}: use module:callable, sglang[:VERSION|PATH], "
+                          f"vllm[:VERSION|PATH] or one of {sorted(NAMED)}")
     module, _, attr = spec.partition(":")
     try:
         obj = importlib.import_module(module)

@@ -18,7 +18,7 @@ from .validation import A2ASizingError, NotAnInteger, require_int
 from .world import World
 
 __all__ = ["PropertyViolation", "RuleCrashed", "RefusedCorrectly", "SlowRule", "RuleBudget",
-           "RULE_BUDGET", "RuleValues", "policy_name", "for_world", "rule_values", "values_or_reject", "explain",
+           "RULE_BUDGET", "RuleValues", "policy_name", "for_world", "world_for", "rule_values", "values_or_reject", "explain",
            "check_positive", "check_fits", "check_rank_invariant", "check_within_cap",
            "check_tight", "PROPERTIES", "COLUMNS", "check_all", "breaks"]
 
@@ -145,6 +145,22 @@ def _call(policy, view, world, values, name):
 
 def _with(values: RuleValues, last) -> RuleValues:
     return RuleValues(list(values) + [last], values.notes, values.replay_args)
+
+
+def world_for(policy, world: World) -> World:
+    """The world ``policy`` is checked on: an engine policy's nearest world its engine runs
+    (``policy.engine_world``: vLLM never idles a DP rank at zero tokens, say), else ``world``.
+    Inside a Hypothesis test, a world the engine never runs is rejected."""
+    engine_world = getattr(policy, "engine_world", None)
+    if engine_world is None:
+        return world
+    try:
+        return engine_world(world)
+    except NotApplicable as exc:
+        from hypothesis import event, reject
+
+        event(f"{type(exc).__name__}: {str(exc)[:60]}")
+        reject()
 
 
 def values_or_reject(policy: Policy, world: World, name: str = "") -> List[int]:

@@ -10,7 +10,6 @@ every rank's dispatch() sees the whole world (MoE shapes included), never a rebu
 """
 from __future__ import annotations
 
-import ast
 import functools
 import importlib.util
 from collections import OrderedDict
@@ -28,6 +27,7 @@ from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
+from ..wheels import companion_function
 from . import fetch
 from .standins import (Hooks, LaunchRecord, Launched, RoutedAround, StandardTopKOutput, _Group,
                        _State, current, mlp_tp_gather, stand_in_globals, stand_in_modules)
@@ -100,6 +100,8 @@ def _sandbox(real_flashinfer: bool = False):
 class SGLangRelease:
     """One ``flashinfer.py`` loaded with stand-ins: ``outcome()`` runs one rank's dispatch(),
     ``bind(world)`` is the per-rank policy the properties check."""
+
+    engine = "sglang"  # an engine policy (dispatcher/__main__.py, the tiers tell them apart)
 
     path: Path
     label: str
@@ -284,20 +286,8 @@ class BoundStep:
 
 
 def _companion(path: Optional[Path], name: str) -> Optional[Callable]:
-    """Function ``name`` from one of the release's companion files, run on the stand-ins
-    (only that function's own source is compiled; annotations are dropped)."""
-    if path is None:
-        return None
-    tree = ast.parse(path.read_text())
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
-                arg.annotation = None
-            node.returns = None
-            namespace = stand_in_globals()
-            exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
-            return namespace[name]
-    return None
+    """Function ``name`` from one of the release's companion files, run on the stand-ins."""
+    return None if path is None else companion_function(path, name, stand_in_globals())
 
 
 _LOADED: Dict[tuple, SGLangRelease] = {}
@@ -339,18 +329,5 @@ def load_release(path, label: Optional[str] = None, real_flashinfer: bool = Fals
 
 def release_from_spec(target: str, real_flashinfer: bool = False) -> SGLangRelease:
     """``sglang:TARGET``: "" (installed), a version, a wheel, a checkout or a flashinfer.py."""
-    if not target:
-        return load_release(fetch.installed_file(), "installed", real_flashinfer)
-    p = Path(target)
-    if p.exists():
-        if p.is_dir():
-            return load_release(fetch.checkout_file(p), target, real_flashinfer)
-        if p.suffix == ".whl":
-            version = p.name.split("-")[1] if p.name.count("-") >= 2 else p.name
-            return load_release(fetch.wheel_file(p), f"{version} (local wheel {p.name})",
-                                real_flashinfer)
-        return load_release(p, target, real_flashinfer)
-    if target[:1].isdigit():
-        version = fetch.canonical_version(target)
-        return load_release(fetch.fetch_release(version), version, real_flashinfer)
-    raise fetch.ReleaseError(f"sglang:{target}: no such file or folder, and not a version")
+    path, label = fetch.PACKAGE.main_file(target)
+    return load_release(path, label, real_flashinfer)

@@ -391,7 +391,7 @@ class _Record:
         self.__dict__.update(k)
 
 
-def _quantized(x, fmt: PayloadFormat):
+def quantized_zeros(x, fmt: PayloadFormat):
     """Zero tensors of the shapes FlashInfer's quantizer returns for ``fmt`` (values are
     never read for sizing): the hidden payload and its scales, bytes from the byte model."""
     import torch
@@ -403,13 +403,13 @@ def _quantized(x, fmt: PayloadFormat):
 
 
 def _fp4_quantize(x, *a, **k):
-    return _quantized(x, PayloadFormat.NVFP4)
+    return quantized_zeros(x, PayloadFormat.NVFP4)
 
 
 def _mxfp8_quantize(x, *a, **k):
     import torch
 
-    q, sf = _quantized(x, PayloadFormat.MXFP8)
+    q, sf = quantized_zeros(x, PayloadFormat.MXFP8)
     return q.view(torch.float8_e4m3fn), sf.reshape(-1)
 
 
@@ -470,10 +470,16 @@ def _table() -> Dict[str, Dict[str, object]]:
 
 
 class StandIn(types.ModuleType):
-    """A stand-in module: only the names listed; anything else fails the load by name."""
+    """A stand-in module: only the names listed; anything else fails the load by name
+    (``adapter``: the engine package whose standins.py would hold it)."""
+
+    adapter = "sglang"
 
     def __getattr__(self, name):
-        _no_stand_in(name, f"{self.__name__}.{name}", ImportError)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ImportError(f"the {self.adapter} adapter has no stand-in for {self.__name__}.{name}: "
+                          f"add it in dispatcher/{self.adapter}/standins.py")
 
 
 def _torch_distributed_comm_backend():

@@ -36,4 +36,5 @@ def _values(policy, world, name):
 @given(world=worlds())
 def test_property(prop, world, policy, policy_spec):
     """positive, fits, rank-invariant, within-cap, tight: each its own test id."""
+    world = properties.world_for(policy, world)  # an engine's own world (vLLM)
     properties.PROPERTIES[prop](world, _values(policy, world, policy_spec), policy_spec)

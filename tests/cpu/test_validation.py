@@ -15,6 +15,7 @@ from strategies import worlds
 @given(world=worlds())
 def test_policy_value_passes_validation_when_a_valid_runtime_exists(world, policy, policy_spec):
     """Whenever every payload fits the cap, the rule's values launch (no sizing error)."""
+    world = properties.world_for(policy, world)  # an engine's own world (vLLM)
     values = properties.values_or_reject(policy, world, policy_spec)
     if world.payload_fits_cap:
         runtime = validate(values, world.views)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.multi_gpu
 def engine_spec(policy, policy_spec):
     from dispatcher.sglang.verdicts import RELEASES
 
-    return policy_spec if hasattr(policy, "step") else f"sglang:{RELEASES[-1]}"
+    return policy_spec if getattr(policy, "engine", None) == "sglang" else f"sglang:{RELEASES[-1]}"
 
 
 @pytest.mark.parametrize("ep_size", ep_sizes())

@@ -12,6 +12,7 @@ from hypothesis import event, given, reject  # noqa: E402
 
 from dispatcher.policies import PolicyError, load_policy  # noqa: E402
 from dispatcher.sglang.classes import BUG_CLASSES, check_step, describe_step  # noqa: E402
+from dispatcher.sglang.loader import SGLangRelease  # noqa: E402
 from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
 from strategies import sglang_steps  # noqa: E402
 
@@ -19,7 +20,7 @@ from strategies import sglang_steps  # noqa: E402
 @pytest.fixture(scope="session")
 def engine(policy):
     """The SGLang file under test: the --policy one, else the newest pinned release."""
-    if hasattr(policy, "step"):
+    if isinstance(policy, SGLangRelease):
         return policy
     try:
         return load_policy(f"sglang:{RELEASES[-1]}")[1]

@@ -1,0 +1,25 @@
+"""vLLM's FlashInfer prepare/finalize files from a release on PyPI, a local wheel or a
+checkout, verified (the cache and its checks: ``dispatcher/wheels.py``).
+
+    python -m dispatcher.vllm fetch 0.18.0 0.33.0      # pre-fill the cache (CI does this)
+    A2A_GATE_VLLM_CACHE=/path                          # where the cache lives (default .vllm/)
+"""
+from __future__ import annotations
+
+from ..wheels import Package, ReleaseError
+
+__all__ = ["ReleaseError", "PACKAGE", "ONE_SIDED", "TWO_SIDED", "FORWARD_CONTEXT", "CACHE_ENV"]
+
+_FUSED_MOE = "vllm/model_executor/layers/fused_moe"
+# The one-sided (MoeAlltoAll) prepare/finalize: in prepare_finalize/ since 0.19, beside the
+# other fused_moe files in 0.18 (where it first shipped).
+ONE_SIDED = (f"{_FUSED_MOE}/prepare_finalize/flashinfer_nvlink_one_sided.py",
+             f"{_FUSED_MOE}/flashinfer_nvlink_one_sided_prepare_finalize.py")
+TWO_SIDED = (f"{_FUSED_MOE}/prepare_finalize/flashinfer_nvlink_two_sided.py",
+             f"{_FUSED_MOE}/flashinfer_nvlink_two_sided_prepare_finalize.py")
+# Where the per-rank token counts prepare() reads are computed: DPMetadata and the SP split
+# (``_compute_sp_num_tokens``), run from the release itself.
+FORWARD_CONTEXT = "vllm/forward_context.py"
+CACHE_ENV = "A2A_GATE_VLLM_CACHE"
+PACKAGE = Package("vllm", ONE_SIDED, (FORWARD_CONTEXT,) + TWO_SIDED, CACHE_ENV,
+                  "vLLM's flashinfer_nvlink_one_sided.py")

@@ -1,0 +1,343 @@
+"""Run vLLM's own FlashInfer NVLink ``prepare()``, unmodified, as a sizing policy.
+
+``load_release(path)`` executes one ``flashinfer_nvlink_one_sided.py`` (or its two-sided
+sibling) of any release 0.18-0.33 or a checkout, with ``sys.modules`` patched to the
+stand-ins of ``standins.py``. The class is built by its own ``__init__`` (which initialises
+the EP group's all-to-all manager with the cap) and ``prepare()`` runs as shipped on CPU
+tensors, until the recorder stops it at FlashInfer's launch.
+
+How a world becomes vLLM's inputs (docs/vllm.md has the source lines):
+
+- EP rank ``r`` is DP rank ``r // tp``, TP rank ``r % tp`` (vLLM's EP group is DP x TP);
+- ``num_tokens_across_dp`` is each DP group's count, every one raised to the largest when
+  the world pads DP ranks to one size (vLLM's cross-DP padding for CUDA graphs);
+- with DP > 1 and TP > 1 the one-sided backend runs sequence-parallel MoE
+  (``ParallelConfig.use_sequence_parallel_moe``): each TP rank holds ``ceil(n / tp)`` rows,
+  and ``dp_metadata.local_sizes`` are made by the release's own ``_compute_sp_num_tokens``;
+- DP = 1 with several EP ranks is prefill context parallelism (``PCP with DP=1``): no DP
+  metadata, every rank holds an equal chunk;
+- the cap is ``max_num_batched_tokens``, which no DP rank's batch exceeds, and an idle DP
+  rank runs a dummy batch of one token, so worlds outside that are not vLLM's
+  (``NotApplicable``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import logging
+import sys
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+from unittest import mock
+
+from ..model.vllm_world import as_vllm_world, not_producible
+from ..model.world import World
+from ..sizing import NotApplicable, RankView
+from ..wheels import ReleaseError, companion_function, sha256
+from . import fetch
+from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, compute_sp_fallback,
+                       current, stand_in_modules)
+
+__all__ = ["SIDES", "Outcome", "VLLMRelease", "BoundVLLMStep", "VLLMError", "load_release",
+           "release_from_spec", "not_producible"]
+
+SIDES = {"one-sided": "FlashInferNVLinkOneSidedPrepareAndFinalize",
+         "two-sided": "FlashInferNVLinkTwoSidedPrepareAndFinalize"}
+
+
+class VLLMError(AssertionError):
+    """vLLM's own prepare() raised where it had to size the all-to-all."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one EP rank's prepare() did: launched (``launch``) or raised ``error``;
+    ``seen_local_sizes`` is what ``get_chunk_sizes_across_dp_rank()`` handed it."""
+
+    launch: Optional[Launch] = None
+    error: Optional[str] = None
+    seen_local_sizes: object = "not read"
+
+    @property
+    def runtime(self):
+        return None if self.launch is None else self.launch.runtime
+
+
+def num_tokens_across_dp(world: World) -> List[int]:
+    """What vLLM's DP coordination records for the step (``DPMetadata.num_tokens_across_dp_cpu``)."""
+    counts = list(world.group_tokens)
+    return [max(counts)] * len(counts) if world.max_len_padding else counts
+
+
+@contextmanager
+def _sandbox():
+    import torch  # noqa: F401 - imported outside the patch, or restoring sys.modules drops it
+
+    with mock.patch.dict(sys.modules, stand_in_modules()):
+        yield
+
+
+@dataclass(repr=False, eq=False)
+class VLLMRelease:
+    """One vLLM prepare/finalize file loaded with stand-ins: ``outcome()`` runs one rank's
+    prepare(), ``bind(world)`` is the per-rank policy the properties check."""
+
+    engine = "vllm"  # an engine policy (dispatcher/__main__.py, the tiers tell them apart)
+
+    path: Path
+    label: str
+    module: object
+    sha256: str
+    side: str
+    compute_sp: Callable = compute_sp_fallback
+    _instances: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict, repr=False)
+    _inputs: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
+    MAX_INSTANCES = 2048
+
+    @property
+    def spec(self) -> str:
+        return f"vllm:{self.label}" + ("@two-sided" if self.side == "two-sided" else "")
+
+    def __repr__(self):
+        return self.spec
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(repr(self))
+
+    def __call__(self, view: RankView) -> int:
+        raise TypeError(f"{self.spec} runs vLLM's prepare() for a whole world: call "
+                        f"bind(world)(view), as dispatcher.model.properties.rule_values does")
+
+    def bind(self, world: World) -> "BoundVLLMStep":
+        return BoundVLLMStep(self, world)
+
+    def engine_world(self, world: World) -> World:
+        """The nearest world vLLM runs with this backend, at the same cap (``NotApplicable``
+        if none)."""
+        world = as_vllm_world(world, raise_cap=False)
+        reason = not_producible(world, self.side)
+        if reason:
+            raise NotApplicable(reason)
+        return world
+
+    # --- what the runner hands prepare() ---------------------------------------------------
+    def sp_size(self, world: World) -> int:
+        """``use_sequence_parallel_moe``: DP > 1 and TP > 1 on the one-sided backend."""
+        sp = world.dp_size > 1 and world.attn_tp_size > 1 and self.side == "one-sided"
+        return world.attn_tp_size if sp else 1
+
+    def local_sizes(self, world: World):
+        """``dp_metadata.local_sizes`` (None: no DP metadata), from the release's own split."""
+        if world.dp_size == 1:
+            return None
+        import torch
+
+        accepted = inspect.signature(self.compute_sp).parameters
+        extra = {k: v for k, v in (("pcp_size", 1), ("use_ep", True)) if k in accepted}
+        sizes = self.compute_sp(torch.tensor(num_tokens_across_dp(world)), self.sp_size(world),
+                                **extra)
+        return list(sizes)
+
+    def _layer(self, world: World, rank: int, state: State):
+        """This rank's prepare/finalize object, built by its own ``__init__``."""
+        moe = world.moe
+        key = (world.ep_size, world.dp_size, rank, moe.hidden_size, moe.top_k, moe.num_experts,
+               moe.payload, world.max_num_tokens)
+        if key in self._instances:
+            self._instances.move_to_end(key)
+            return self._instances[key]
+        if len(self._instances) >= self.MAX_INSTANCES:
+            self._instances.popitem(last=False)
+        hidden, scales = moe.payloads[0].bytes_per_token, (
+            moe.payloads[1].bytes_per_token if moe.payload != "bf16" else 0)
+        known = dict(max_num_tokens=world.max_num_tokens, top_k=moe.top_k,
+                     num_experts=moe.num_experts, hidden_size=moe.hidden_size,
+                     num_dispatchers=world.ep_size, x_bytes_per_token=hidden,
+                     x_sf_bytes_per_token=scales, dispatch_scale_bytes_per_token=scales,
+                     dispatch_dtype_bytes_per_elem=hidden // moe.hidden_size or 1,
+                     dispatch_format=None, extra_payload_bytes_per_token=0)
+        cls = getattr(self.module, SIDES[self.side])
+        kwargs = {}
+        for name, p in list(inspect.signature(cls.__init__).parameters.items())[1:]:
+            if name in known:
+                kwargs[name] = known[name]
+            elif p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise ReleaseError(f"{self.spec}: {SIDES[self.side]}.__init__ takes {name!r}, "
+                                   f"which this gate does not know how to fill")
+        layer = cls(**kwargs)
+        self._instances[key] = (layer, state.manager)
+        return self._instances[key]
+
+    def _tensors(self, n: int, moe):
+        import torch
+
+        key = (n, moe.hidden_size, moe.top_k, moe.num_experts)
+        if key not in self._inputs:
+            if len(self._inputs) > 256:
+                self._inputs.clear()
+            ids = (torch.arange(n * moe.top_k, dtype=torch.int32) % moe.num_experts)
+            self._inputs[key] = (torch.zeros(n, moe.hidden_size, dtype=torch.bfloat16),
+                                 torch.ones(n, moe.top_k, dtype=torch.float32),
+                                 ids.view(n, moe.top_k))
+        return self._inputs[key]
+
+    def outcome(self, world: World, rank: int, local_sizes="unset") -> Outcome:
+        """Run this release's prepare() as EP rank ``rank`` of ``world``."""
+        reason = not_producible(world, self.side)
+        if reason:
+            raise NotApplicable(reason)
+        if local_sizes == "unset":
+            local_sizes = self.local_sizes(world)
+        state = State(world, rank, local_sizes, OneSidedManager(world, rank))
+        token = current.set(state)
+        try:
+            with _sandbox():
+                try:
+                    layer, manager = self._layer(world, rank, state)
+                    state.manager = manager
+                    a1, weights, ids = self._tensors(world.rows_per_rank[rank], world.moe)
+                    args = dict(a1=a1, topk_weights=weights, topk_ids=ids,
+                                num_experts=world.moe.num_experts, expert_map=None,
+                                apply_router_weight_on_input=False,
+                                quant_config=QuantConfig(world.moe.payload),
+                                defer_input_quant=False)
+                    accepted = inspect.signature(layer.prepare).parameters
+                    layer.prepare(**{k: v for k, v in args.items() if k in accepted})
+                    return Outcome(error="prepare() returned without launching the all-to-all",
+                                   seen_local_sizes=state.seen_local_sizes)
+                except Launched as launched:
+                    return Outcome(launch=launched.record, seen_local_sizes=state.seen_local_sizes)
+                except ReleaseError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - vLLM's own verdict, reported as such
+                    return Outcome(error=f"{type(exc).__name__}: {exc}",
+                                   seen_local_sizes=state.seen_local_sizes)
+        finally:
+            current.reset(token)
+
+    def step(self, world: World) -> List[Outcome]:
+        sizes = self.local_sizes(world) if not not_producible(world, self.side) else None
+        return [self.outcome(world, r, sizes) for r in range(world.ep_size)]
+
+
+class BoundVLLMStep:
+    """A release bound to one world: called with a rank's view it returns the per-rank
+    maximum that rank's prepare() launched with; ``notes()`` says what each rank saw."""
+
+    replay_args = ""
+
+    def __init__(self, release: VLLMRelease, world: World):
+        reason = not_producible(world, release.side)
+        if reason:
+            raise NotApplicable(reason)
+        self.release, self.world = release, world
+        self.outcomes: Optional[List[Outcome]] = None
+        self._served: set = set()
+        self.spec = release.spec
+
+    def __call__(self, view: RankView) -> int:
+        rank = view.ep_rank
+        if self.outcomes is None:
+            self.outcomes = self.release.step(self.world)
+        out = self.outcomes[rank]
+        if rank in self._served:
+            out = self.release.outcome(self.world, rank)
+        self._served.add(rank)
+        if out.error:
+            raise VLLMError(f"vLLM {self.release.label} prepare() raised {out.error}")
+        return out.runtime
+
+    def notes(self) -> str:
+        if not self.outcomes:
+            return ""
+        return (f"  what vLLM {self.release.label} ({self.release.side}) saw and did:\n"
+                + describe_outcomes(self.outcomes, self.world))
+
+
+def describe_outcomes(outcomes: List[Outcome], world: World) -> str:
+    """One line per distinct rank behaviour: the local sizes read and the launch or error."""
+    lines: "OrderedDict[str, List[int]]" = OrderedDict()
+    for rank, o in enumerate(outcomes):
+        did = (f"launched {o.launch.api} with max tokens per rank {o.launch.runtime!r} "
+               f"(cap {o.launch.max_num_tokens})" if o.launch else f"raised {o.error}")
+        sizes = ("no DP metadata" if o.seen_local_sizes is None else
+                 f"local sizes {o.seen_local_sizes}" if o.seen_local_sizes != "not read" else
+                 "local sizes not read")
+        lines.setdefault(f"{sizes}, x.shape[0]={world.rows_per_rank[rank]}: {did}", []).append(rank)
+    return "\n".join(f"    ranks {_ranges(r)}: {what}" for what, r in lines.items())
+
+
+def _ranges(ranks: List[int]) -> str:
+    return f"{ranks[0]}" if len(ranks) == 1 else (
+        f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else str(ranks))
+
+
+_LOADED: Dict[str, VLLMRelease] = {}
+
+
+def load_release(path, label: Optional[str] = None) -> VLLMRelease:
+    """Load one vLLM prepare/finalize file (once per content hash per process)."""
+    path = Path(path).resolve()
+    if not path.is_file() or path.suffix != ".py":
+        raise ReleaseError(f"vllm:{path}: expected vLLM's flashinfer_nvlink_one_sided.py (or "
+                           f"two_sided), a vLLM checkout, a wheel or a release version")
+    digest = sha256(path)
+    if digest in _LOADED:
+        return _LOADED[digest]
+    name = f"_a2a_gate_vllm_{digest[:16]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        with _sandbox():
+            spec.loader.exec_module(module)
+    except ImportError:
+        raise  # a name the stand-ins lack: its message names it
+    except Exception as exc:
+        raise ReleaseError(f"vllm:{path}: loading it raised {type(exc).__name__}: {exc}") from exc
+    logging.getLogger(name).setLevel(logging.ERROR)
+    side = next((s for s, cls in SIDES.items() if isinstance(getattr(module, cls, None), type)), None)
+    if side is None:
+        raise ReleaseError(f"vllm:{path} defines neither {' nor '.join(SIDES.values())}: it is "
+                           f"not vLLM's FlashInfer NVLink prepare/finalize file")
+    forward_context = None
+    root = fetch.PACKAGE.root_of(path) or _root_by_name(path)
+    if root is not None and (root / fetch.FORWARD_CONTEXT).is_file():
+        forward_context = root / fetch.FORWARD_CONTEXT
+    import torch
+
+    split = (companion_function(forward_context, "_compute_sp_num_tokens", {"torch": torch})
+             if forward_context else None)
+    release = VLLMRelease(path, label or str(path), module, digest, side,
+                          split or compute_sp_fallback)
+    _LOADED[digest] = release
+    return release
+
+
+def _root_by_name(path: Path) -> Optional[Path]:
+    for rel in fetch.TWO_SIDED:
+        if path.as_posix().endswith("/" + rel):
+            return path.parents[len(Path(rel).parts) - 1]
+    return None
+
+
+def release_from_spec(target: str) -> VLLMRelease:
+    """``vllm:TARGET[@two-sided]``: "" (installed), a version, a wheel, a checkout or the file."""
+    target, _, side = target.partition("@")
+    if side not in ("", "one-sided", "two-sided"):
+        raise ReleaseError(f"vllm:{target}@{side}: the suffix selects a backend: @one-sided "
+                           f"(the default) or @two-sided")
+    path, label = fetch.PACKAGE.main_file(target)
+    if side == "two-sided":
+        sibling = next((f for f in (fetch.PACKAGE.companion_file(path, rel)
+                                    for rel in fetch.TWO_SIDED) if f is not None), None)
+        if sibling is None:
+            raise ReleaseError(f"vllm:{target}@two-sided: no {' or '.join(fetch.TWO_SIDED)} "
+                               f"beside {path}")
+        path = sibling
+    release = load_release(path, label)
+    if side and release.side != side:
+        raise ReleaseError(f"vllm:{target}@{side}: {path.name} is the {release.side} file")
+    return release

@@ -1,0 +1,239 @@
+"""Stand-ins for everything vLLM's FlashInfer prepare/finalize files import, reading the
+world under test.
+
+``get_forward_context().dp_metadata`` holds the per-rank token counts the release's own
+``_compute_sp_num_tokens`` (its ``forward_context.py``) makes from the world's DP counts;
+``get_ep_group()`` hands out the EP rank's all-to-all manager, whose communication objects
+are recorders: FlashInfer's ``MoeAlltoAll.dispatch`` (0.18-0.32), the ``moe_ep`` wrapper's
+``dispatch(max_tokens_per_rank=)`` (0.33) and ``MnnvlMoe`` (two-sided) capture the per-rank
+maximum vLLM passes and stop prepare() there. A name missing from the table fails the load by
+name (never a silent stub).
+"""
+from __future__ import annotations
+
+import contextvars
+import enum
+import functools
+import types
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+from ..model.workspace import PayloadFormat
+from ..model.world import World
+from ..sglang.standins import Launched, StandIn, quantized_zeros
+
+__all__ = ["Launched", "Launch", "State", "current", "stand_in_modules", "QuantConfig"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What vLLM passed at the launch: the per-rank maximum, the cap its manager was built
+    for, and the bytes per token of the payloads (None when no row was sent)."""
+
+    runtime: object
+    max_num_tokens: object
+    payload_bytes_per_token: Optional[int]
+    api: str  # which FlashInfer entry point: MoeAlltoAll.dispatch | moe_ep dispatch | MnnvlMoe
+
+
+@dataclass
+class State:
+    world: World
+    rank: int
+    local_sizes: object  # what dp_metadata.get_chunk_sizes_across_dp_rank() returns; None: no DP metadata
+    manager: "OneSidedManager"
+    seen_local_sizes: object = "not read"
+
+
+current: contextvars.ContextVar[State] = contextvars.ContextVar("vllm_world")
+
+
+# --- vllm.forward_context ------------------------------------------------------------------
+class DPMetadata:
+    """vLLM's ``DPMetadata`` as prepare() reads it: ``local_sizes`` were set by the
+    runner's ``sp_local_sizes`` context (the release's own ``_compute_sp_num_tokens``)."""
+
+    def __init__(self, local_sizes):
+        self.local_sizes = local_sizes
+
+    def get_chunk_sizes_across_dp_rank(self):
+        s = current.get()
+        s.seen_local_sizes = self.local_sizes
+        return self.local_sizes
+
+
+def get_forward_context():
+    s = current.get()
+    return types.SimpleNamespace(
+        dp_metadata=None if s.local_sizes is None else DPMetadata(s.local_sizes))
+
+
+# --- vllm.distributed: the EP group and its all-to-all manager ------------------------------
+def _payload_bytes(payloads) -> Optional[int]:
+    rows = payloads[0].shape[0] if payloads else 0
+    return sum(p.numel() * p.element_size() for p in payloads) // rows if rows else None
+
+
+class _MoeAlltoAll:
+    """FlashInfer's ``MoeAlltoAll`` (0.18-0.32 call it through ``manager.moe_alltoall``)."""
+
+    def __init__(self, manager):
+        self._m = manager
+
+    def dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
+                 *a, **k):
+        raise Launched(Launch(runtime_max_tokens_per_rank, self._m.max_num_tokens,
+                              _payload_bytes(input_payloads), "MoeAlltoAll.dispatch"))
+
+
+class _Communication:
+    """``flashinfer.moe_ep``'s ``NVLinkOneSidedAlltoAll`` (0.33): ``max_tokens_per_rank=None``
+    runs with the cap, as the wrapper does."""
+
+    def __init__(self, manager):
+        self._m = manager
+
+    def dispatch(self, hidden_states, topk_ids, topk_weights=None, *, hidden_states_scale=None,
+                 max_tokens_per_rank=None, **_k):
+        payloads = [t for t in (hidden_states, hidden_states_scale, topk_ids, topk_weights)
+                    if t is not None]
+        runtime = self._m.max_num_tokens if max_tokens_per_rank is None else max_tokens_per_rank
+        raise Launched(Launch(runtime, self._m.max_num_tokens, _payload_bytes(payloads),
+                              "moe_ep NVLinkOneSidedAlltoAll.dispatch"))
+
+
+class All2AllManagerBase:
+    def __init__(self, world: World, rank: int):
+        self.world_size, self.rank = world.ep_size, rank
+        self.max_num_tokens = None
+
+    def __getattr__(self, name):
+        raise AttributeError(f"vLLM's all-to-all manager stand-in has no {name!r}: the file "
+                             f"under test reads something this gate does not model")
+
+
+class OneSidedManager(All2AllManagerBase):
+    """``FlashInferNVLinkOneSidedManager``: ``initialize`` keeps the largest cap asked for (one
+    workspace shared by every layer, vLLM #42976); its communication objects record."""
+
+    def initialize(self, max_num_tokens, top_k=None, num_experts=None, hidden_size=None, **_k):
+        self.max_num_tokens = max(max_num_tokens, self.max_num_tokens or 0)
+
+    @property
+    def moe_alltoall(self):
+        return _MoeAlltoAll(self)
+
+    def get_communication(self):
+        return _Communication(self)
+
+    # the two-sided path (MnnvlMoe workspaces) asks for these
+    def ensure_alltoall_workspace_initialized(self):
+        return True
+
+    prepare_workspace_tensor = None
+    workspace_tensor = None
+
+
+def get_ep_group():
+    manager = current.get().manager
+    return types.SimpleNamespace(device_communicator=types.SimpleNamespace(all2all_manager=manager))
+
+
+class MnnvlMoe:
+    """FlashInfer's two-sided ``MnnvlMoe``: the prepare step receives the per-rank maximum."""
+
+    @staticmethod
+    def mnnvl_moe_alltoallv_prepare_without_allgather(topk_ids, topk_weights, stats, workspace,
+                                                      max_num_token, *a, **k):
+        s = current.get()
+        raise Launched(Launch(max_num_token, s.world.max_num_tokens, None,
+                              "MnnvlMoe.mnnvl_moe_alltoallv_prepare_without_allgather"))
+
+
+# --- vllm.model_executor.layers.fused_moe -------------------------------------------------
+class FusedMoEActivationFormat(enum.Enum):
+    Standard = "standard"
+    BatchedExperts = "batched_experts"
+
+
+class FusedMoEPrepareAndFinalizeModular:
+    def __init__(self, *a, **k):
+        pass
+
+
+class QuantConfig:
+    """``FusedMoEQuantConfig`` for the world's payload: unquantized bf16, NVFP4 or MXFP8."""
+
+    def __init__(self, payload: str):
+        self.payload = payload
+        self.quant_dtype = {"bf16": None, "nvfp4": "nvfp4", "mxfp8": "mxfp8"}[payload]
+        self.a1_gscale = None
+        self.per_act_token_quant = False
+        self.block_shape = None
+        self.mx_alignment = 0
+        self.is_scale_swizzled = self.is_nvfp4_scale_swizzled = False
+
+    def __getattr__(self, name):
+        raise AttributeError(f"the quant config stand-in has no {name!r}")
+
+
+def moe_kernel_quantize_input(a1, gscale=None, quant_dtype=None, *a, **k):
+    if quant_dtype is None:
+        return a1, None
+    return quantized_zeros(a1, PayloadFormat(quant_dtype))
+
+
+def _identity(x, *a, **k):
+    return x
+
+
+def _table() -> Dict[str, Dict[str, object]]:
+    fm = "vllm.model_executor.layers.fused_moe"
+    return {
+        "vllm": {}, "vllm.model_executor": {}, "vllm.model_executor.layers": {}, fm: {},
+        f"{fm}.modular_kernel": {
+            "FusedMoEPrepareAndFinalizeModular": FusedMoEPrepareAndFinalizeModular,
+            "FusedMoEPrepareAndFinalize": FusedMoEPrepareAndFinalizeModular,
+            "FusedMoEActivationFormat": FusedMoEActivationFormat,
+            "PrepareResultType": tuple, "TopKWeightAndReduce": object},
+        f"{fm}.config": {"FusedMoEQuantConfig": QuantConfig},
+        f"{fm}.utils": {"moe_kernel_quantize_input": moe_kernel_quantize_input},
+        "vllm.distributed": {"get_ep_group": get_ep_group},
+        "vllm.distributed.device_communicators": {},
+        "vllm.distributed.device_communicators.all2all": {
+            "FlashInferNVLinkOneSidedManager": OneSidedManager,
+            "FlashInferNVLinkTwoSidedManager": OneSidedManager},
+        "vllm.distributed.device_communicators.base_device_communicator": {
+            "All2AllManagerBase": All2AllManagerBase},
+        "vllm.forward_context": {"get_forward_context": get_forward_context},
+        "vllm.utils": {}, "vllm.utils.flashinfer": {"nvfp4_block_scale_interleave": _identity},
+        "flashinfer": {}, "flashinfer.comm": {},
+        "flashinfer.comm.trtllm_alltoall": {"MnnvlMoe": MnnvlMoe},
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def stand_in_modules() -> Dict[str, types.ModuleType]:
+    """Every module vLLM's prepare/finalize file imports, as stand-ins (for ``sys.modules``)."""
+    mods = {}
+    for name, attrs in _table().items():
+        m = StandIn(name)
+        m.adapter = "vllm"
+        m.__dict__.update(attrs)
+        m.__path__ = []
+        mods[name] = m
+    for name, m in mods.items():  # ``import a.b.c as x`` walks the parents' attributes
+        parent, _, child = name.rpartition(".")
+        if parent in mods:
+            mods[parent].__dict__.setdefault(child, m)
+    return mods
+
+
+def compute_sp_fallback(num_tokens_across_dp, sequence_parallel_size: int, *a, **k):
+    """vLLM's ``_compute_sp_num_tokens`` where the tree under test has no forward_context.py:
+    every DP rank's count split with ceil over its SP ranks (forward_context.py, 0.18-0.33)."""
+    sp = sequence_parallel_size
+    return [-(-int(n) // sp) for n in num_tokens_across_dp for _ in range(sp)]
+
+
+ComputeSp = Callable[..., list]

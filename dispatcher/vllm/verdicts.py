@@ -1,0 +1,81 @@
+"""Measure vLLM releases' FlashInfer NVLink prepare() against every property, per regime.
+
+    python -m dispatcher.sglang_verdicts --engine vllm            # the pinned releases
+    python -m dispatcher.sglang_verdicts --engine vllm 0.33.0 0.33.0@two-sided /path/to/vllm
+
+For each release (one-sided, and two-sided where it ships the file) and each regime of
+``strategies.vllm_worlds``, Hypothesis searches for a world where the release's own prepare()
+breaks a property (or raises) and shrinks it. "n/a": the backend never runs in that regime.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from strategies.search import minimal
+from strategies.vllm import VLLM_REGIMES, vllm_worlds
+
+from ..model.properties import COLUMNS, breaks
+from ..model.world import World
+from .loader import VLLMRelease, not_producible, release_from_spec
+
+__all__ = ["RELEASES", "REGIME_EXAMPLES", "Verdict", "broken_columns", "regime_verdicts",
+           "tables", "TWO_SIDED_REGIMES"]
+
+# Releases whose one-sided file differs from the one before (0.19 = 0.18 moved into
+# prepare_finalize/; 0.20 adds asserts; 0.24 the payload-index API; 0.28 combine_into;
+# 0.32 the DP=1 branch; 0.33 the moe_ep wrapper). 0.18.0 keeps the old layout.
+RELEASES = ("0.18.0", "0.20.0", "0.24.0", "0.28.0", "0.32.0", "0.33.0")
+REGIME_EXAMPLES = 300
+TWO_SIDED_REGIMES = ("any", "dp-only", "dp-padding")  # no SP split, needs DP metadata
+
+
+@dataclass(frozen=True)
+class Verdict:
+    regime: str
+    example: Optional[World]  # shrunk counterexample; None: holds (or n/a)
+    columns: tuple = ()  # what it breaks
+    applicable: bool = True
+
+
+def broken_columns(release: VLLMRelease, world: World) -> tuple:
+    """The properties (and "no crash") ``release`` breaks on ``world``."""
+    return tuple(c for c in COLUMNS if breaks(release, c)(world))
+
+
+def regime_verdicts(release: VLLMRelease, max_examples: int = REGIME_EXAMPLES) -> Dict[str, Verdict]:
+    out = {}
+    for regime in VLLM_REGIMES:
+        if release.side == "two-sided" and regime not in TWO_SIDED_REGIMES:
+            out[regime] = Verdict(regime, None, applicable=False)
+            continue
+        found = minimal(vllm_worlds(regime), lambda w: any(
+            not not_producible(w, release.side) and breaks(release, c)(w) for c in COLUMNS),
+            max_examples)
+        out[regime] = Verdict(regime, found, broken_columns(release, found) if found else ())
+    return out
+
+
+def tables(specs) -> str:
+    releases = [release_from_spec(s.partition("vllm:")[2] if s.startswith("vllm") else s)
+                for s in specs]
+    t0 = time.perf_counter()
+    notes: List[str] = []
+    lines = ["| vLLM release | " + " | ".join(VLLM_REGIMES) + " |",
+             "|---" * (len(VLLM_REGIMES) + 1) + "|"]
+    for release in releases:
+        cells = []
+        for regime, v in regime_verdicts(release).items():
+            if not v.applicable:
+                cells.append("n/a")
+            elif v.example is None:
+                cells.append("pass")
+            else:
+                notes.append(f"[{len(notes) + 1}] {release.spec} {regime}: breaks "
+                             f"{', '.join(v.columns)}; `{v.example!r}`")
+                cells.append(f"**FAIL** [{len(notes)}]")
+        lines.append(f"| {release.spec.partition(':')[2]} | " + " | ".join(cells) + " |")
+    return ("\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+            + f"\n\n(searched in {time.perf_counter() - t0:.0f} s: {REGIME_EXAMPLES} worlds per "
+              f"cell, derandomized)")

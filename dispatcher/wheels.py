@@ -1,0 +1,206 @@
+"""An engine's files from a release on PyPI, a local wheel or a checkout, verified.
+
+A ``Package`` names the one file an engine policy runs (``main``: the paths it has had, newest
+first, since releases move it) and the files beside it whose functions decide what it sees
+(``companions``, kept when a release has them). A release is fetched once with
+``pip download --no-deps`` (bounded by a timeout) and only those files are kept in the cache,
+with a manifest holding the sha256 of the wheel and of each file; every later use re-hashes
+the files against the manifest (a truncated or edited file is fetched again, never run). The
+cache is keyed by the canonical version (``0.5.023`` is ``0.5.23``). A local wheel is cached
+by the hash of its bytes, never under a release's version, so a renamed or rebuilt wheel
+cannot stand in for the real release.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple
+
+__all__ = ["ReleaseError", "Package", "sha256", "companion_function", "PIP_TIMEOUT_S"]
+
+PIP_TIMEOUT_S = 300
+_REPO = Path(__file__).resolve().parents[1]
+
+
+class ReleaseError(ValueError):
+    """The engine file asked for cannot be had or is not the file the policy runs."""
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def companion_function(path: Path, name: str, namespace: Dict[str, object]) -> Optional[Callable]:
+    """Function ``name`` of the file at ``path``, compiled alone (annotations dropped) in
+    ``namespace`` (the stand-ins answer its module-level names); None if the file has none."""
+    tree = ast.parse(Path(path).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+                arg.annotation = None
+            node.returns = None
+            namespace = dict(namespace)
+            exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+            return namespace[name]
+    return None
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str  # the distribution on the package index: "sglang", "vllm"
+    main: Tuple[str, ...]  # the file under test, every path it has had (newest first)
+    companions: Tuple[str, ...] = ()
+    cache_env: str = ""
+    what: str = "the dispatcher file"  # for messages: "SGLang's flashinfer.py"
+
+    # --- where things are -----------------------------------------------------------------
+    def cache_dir(self) -> Path:
+        return Path(os.environ.get(self.cache_env) or _REPO / f".{self.name}")
+
+    def canonical_version(self, version: str) -> str:
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            return str(Version(version))
+        except InvalidVersion:
+            raise ReleaseError(f"{self.name}:{version}: not a release version (e.g. "
+                               f"{self.name}:{self._example})") from None
+
+    @property
+    def _example(self) -> str:
+        return {"sglang": "0.5.23", "vllm": "0.33.0"}.get(self.name, "1.0.0")
+
+    def root_of(self, main_file: Path) -> Optional[Path]:
+        """The tree ``main_file`` sits in (the folder holding ``sglang/``, ``vllm/``)."""
+        p = Path(main_file).resolve()
+        for rel in self.main:
+            if p.as_posix().endswith("/" + rel):
+                return p.parents[len(Path(rel).parts) - 1]
+        return None
+
+    def companion_file(self, main_file: Path, name: str) -> Optional[Path]:
+        """``name`` (one of ``companions``) in the same tree as ``main_file``, if there."""
+        root = self.root_of(main_file)
+        found = None if root is None else root / name
+        return found if found is not None and found.is_file() else None
+
+    # --- the verified cache -----------------------------------------------------------------
+    def verified(self, folder: Path) -> Optional[Path]:
+        """The cached main file if the manifest exists and every file it lists still has its
+        recorded hash, else None."""
+        try:
+            manifest = json.loads((folder / "manifest.json").read_text())
+            recorded, main = manifest["sha256"], manifest.get("main", self.main[0])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        for name, digest in recorded.items():
+            if not (folder / name).is_file() or sha256(folder / name) != digest:
+                return None
+        return folder / main if main in recorded else None
+
+    def _extract(self, wheel: Path, folder: Path, origin: str) -> Path:
+        """Put the wheel's main file, its companions and a manifest into ``folder``
+        (atomically)."""
+        try:
+            with zipfile.ZipFile(wheel) as z:
+                names = set(z.namelist())
+                main = next((m for m in self.main if m in names), None)
+                if main is None:
+                    raise ReleaseError(f"{origin}: the wheel holds no {' or '.join(self.main)}")
+                files = {n: z.read(n) for n in (main,) + self.companions if n in names}
+        except zipfile.BadZipFile:
+            raise ReleaseError(f"{origin}: {wheel.name} is not a wheel (not a zip file)") from None
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+            staged = Path(tmp) / folder.name
+            for name, data in files.items():
+                (staged / name).parent.mkdir(parents=True, exist_ok=True)
+                (staged / name).write_bytes(data)
+            (staged / "manifest.json").write_text(json.dumps({
+                "origin": origin, "wheel": wheel.name, "wheel_sha256": sha256(wheel),
+                "main": main,
+                "sha256": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}},
+                indent=1) + "\n")
+            if folder.exists():  # a stale or corrupt entry: replace it whole
+                os.replace(folder, Path(tmp) / "old")
+            os.replace(staged, folder)
+        return folder / main
+
+    def fetch_release(self, version: str) -> Path:
+        """The release's main file, from the verified cache or PyPI. Safe to call from
+        several xdist workers at once (each downloads privately; the entry is renamed in)."""
+        version = self.canonical_version(version)
+        folder = self.cache_dir() / version
+        hit = self.verified(folder)
+        if hit:
+            return hit
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        hint = (f"(offline? pre-fetch with python -m dispatcher.{self.name} fetch {version}, "
+                f"or set {self.cache_env})")
+        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                   "--only-binary=:all:", "--timeout", "30", "-d", tmp, f"{self.name}=={version}"]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise ReleaseError(f"{self.name}:{version}: pip download took over "
+                                   f"{PIP_TIMEOUT_S} s {hint}") from None
+            if done.returncode:
+                last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise ReleaseError(f"{self.name}:{version}: pip download failed: {last} {hint}")
+            wheels = sorted(Path(tmp).glob("*.whl"))
+            if len(wheels) != 1:
+                raise ReleaseError(f"{self.name}:{version}: expected one wheel, pip gave {wheels}")
+            return self._extract(wheels[0], folder,
+                                 f"{self.name}=={version} from the package index")
+
+    def wheel_file(self, wheel: Path) -> Path:
+        """A local wheel's main file, cached under the hash of the wheel's bytes."""
+        folder = self.cache_dir() / "wheels" / sha256(wheel)[:20]
+        return self.verified(folder) or self._extract(wheel, folder, f"local wheel {wheel}")
+
+    def checkout_file(self, root: Path) -> Path:
+        """The main file of a checkout (its root, or the ``python/`` folder SGLang has)."""
+        for rel in self.main:
+            for candidate in (root / rel, root / "python" / rel):
+                if candidate.is_file():
+                    return candidate
+        raise ReleaseError(f"{self.name}:{root}: no {' or '.join(self.main)} under it "
+                           f"(expected a {self.name} checkout, {self.what}, a wheel or a "
+                           f"release version)")
+
+    def installed_file(self) -> Path:
+        spec = importlib.util.find_spec(self.name)
+        if spec is None or not spec.submodule_search_locations:
+            raise ReleaseError(f"{self.name} is not installed (pip install --no-deps "
+                               f"{self.name}), or name a release: "
+                               f"--policy={self.name}:{self._example}")
+        root = Path(list(spec.submodule_search_locations)[0]).parent
+        return self.checkout_file(root)
+
+    def main_file(self, target: str) -> Tuple[Path, str]:
+        """``(file, label)`` for a spec's target: "" (installed), a version, a wheel, a
+        checkout or the file itself."""
+        if not target:
+            return self.installed_file(), "installed"
+        p = Path(target)
+        if p.exists():
+            if p.is_dir():
+                return self.checkout_file(p), target
+            if p.suffix == ".whl":
+                version = p.name.split("-")[1] if p.name.count("-") >= 2 else p.name
+                return self.wheel_file(p), f"{version} (local wheel {p.name})"
+            return p, target
+        if target[:1].isdigit():
+            version = self.canonical_version(target)
+            return self.fetch_release(version), version
+        raise ReleaseError(f"{self.name}:{target}: no such file or folder, and not a version")

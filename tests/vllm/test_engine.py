@@ -1,0 +1,42 @@
+"""The vLLM prepare() under test (``--policy=vllm:...``, else the newest pinned release) on
+every world vLLM produces: every property holds, and what vLLM passes is what its manager
+was built for (the cap) and what the rows need."""
+import pytest
+
+pytest.importorskip("torch", reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
+                    "(the CPU build) or pip install -e '.[sglang]'")
+from hypothesis import event, given  # noqa: E402
+
+from dispatcher.model.properties import check_all, rule_values  # noqa: E402
+from dispatcher.policies import PolicyError, load_policy  # noqa: E402
+from dispatcher.vllm.loader import VLLMRelease, not_producible  # noqa: E402
+from dispatcher.vllm.verdicts import RELEASES  # noqa: E402
+from strategies import vllm_worlds  # noqa: E402
+
+from .test_releases import EXPECTED  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def engine(policy):
+    if isinstance(policy, VLLMRelease):
+        return policy
+    try:
+        return load_policy(f"vllm:{RELEASES[-1]}")[1]
+    except PolicyError as exc:
+        pytest.skip(f"vLLM release unavailable: {exc}")
+
+
+@given(world=vllm_worlds("any"))
+def test_engine_on_every_vllm_world(engine, world):
+    if not_producible(world, engine.side):
+        return
+    if "any" in EXPECTED.get(engine.label, ()):
+        pytest.skip(f"vLLM {engine.label} is known to fail (docs/vllm.md): test_releases pins it")
+    values = rule_values(engine, world, engine.spec)
+    check_all(world, values, engine.spec)
+    outs = engine.step(world)
+    event(f"dp={world.dp_size} tp={world.attn_tp_size}: {outs[0].launch.api}")
+    assert {o.launch.max_num_tokens for o in outs} == {world.max_num_tokens}
+    if engine.side == "one-sided":
+        sent = {o.launch.payload_bytes_per_token for o in outs if world.max_rows}
+        assert sent <= {world.moe.dispatch_bytes}, f"payload bytes {sent} != {world.moe.dispatch_bytes}"

@@ -1,0 +1,89 @@
+"""vLLM's own FlashInfer NVLink prepare() from the pinned releases 0.18.0-0.33.0 (files fetched
+from PyPI with ``pip download --no-deps``, verified and cached in ``.vllm/``).
+
+EXPECTED is the vLLM verdict table of docs/vllm.md, measured with
+``python -m dispatcher.sglang_verdicts --engine vllm``; every cell is re-measured here on
+every run, and the one failure vLLM's history has in this gate (prepare() raising under
+prefill context parallelism with DP = 1, until 0.32.0) is pinned with its shrunk world.
+"""
+import pytest
+
+pytest.importorskip("torch", reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
+                    "(the CPU build) or pip install -e '.[sglang]'")
+from dispatcher.model.world import World  # noqa: E402
+from dispatcher.policies import PolicyError, load_policy  # noqa: E402
+from dispatcher.vllm.loader import not_producible  # noqa: E402
+from dispatcher.vllm.verdicts import RELEASES, TWO_SIDED_REGIMES, broken_columns  # noqa: E402
+from strategies import vllm_worlds  # noqa: E402
+from strategies.search import assert_no_examples, find_any  # noqa: E402
+from strategies.vllm import VLLM_REGIMES  # noqa: E402
+
+# release -> the regimes where its one-sided prepare() breaks a property (docs/vllm.md)
+EXPECTED = {
+    "0.18.0": {"any", "pcp"}, "0.20.0": {"any", "pcp"}, "0.24.0": {"any", "pcp"},
+    "0.28.0": {"any", "pcp"}, "0.32.0": set(), "0.33.0": set(),
+}
+TWO_SIDED = ("0.18.0", "0.33.0")  # the two-sided file of the oldest and newest pinned release
+EXAMPLES = 150
+PCP_WORLD = World(ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=2)
+
+
+@pytest.fixture(scope="session")
+def releases():
+    try:
+        one = {v: load_policy(f"vllm:{v}")[1] for v in RELEASES}
+        two = {v: load_policy(f"vllm:{v}@two-sided")[1] for v in TWO_SIDED}
+    except PolicyError as exc:
+        pytest.skip(f"vLLM releases unavailable: {exc}")
+    return one, two
+
+
+def test_the_table_covers_every_release():
+    assert set(EXPECTED) == set(RELEASES)
+
+
+def _broken(release):
+    return lambda w: not not_producible(w, release.side) and bool(broken_columns(release, w))
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("regime", VLLM_REGIMES)
+def test_one_sided_release_fails_exactly_its_regimes(releases, version, regime):
+    release = releases[0][version]
+    if regime in EXPECTED[version]:
+        find_any(vllm_worlds(regime), _broken(release), EXAMPLES)
+    else:
+        assert_no_examples(vllm_worlds(regime), _broken(release), EXAMPLES)
+
+
+@pytest.mark.parametrize("version", TWO_SIDED)
+@pytest.mark.parametrize("regime", TWO_SIDED_REGIMES)
+def test_two_sided_release_holds_every_property(releases, version, regime):
+    assert_no_examples(vllm_worlds(regime), _broken(releases[1][version]), EXAMPLES)
+
+
+def test_pcp_without_dp_metadata_crashes_until_0_32(releases):
+    """vLLM runs the one-sided A2A under prefill context parallelism with DP = 1
+    (``use_all2all_kernels``: ``pcp_size > 1``) but makes DP metadata only for DP > 1, so
+    prepare()'s ``get_local_sizes()`` met ``None``: AttributeError in 0.18, an assert from
+    0.20; 0.32.0 falls back to ``a1.shape[0]`` ("PCP with DP=1")."""
+    for version, release in releases[0].items():
+        outs = release.step(PCP_WORLD)
+        if version in ("0.32.0", "0.33.0"):
+            assert [o.runtime for o in outs] == [1, 1], outs
+            assert all(o.seen_local_sizes == "not read" for o in outs)
+        else:
+            assert all(o.error and o.error.startswith(("AttributeError", "AssertionError"))
+                       for o in outs), outs
+            assert broken_columns(release, PCP_WORLD) == ("no crash",)
+
+
+def test_sequence_parallel_sizes_come_from_the_release_and_are_post_split(releases):
+    """DP 2 x TP 2: each TP rank holds ceil(n / 2) rows; vLLM's own _compute_sp_num_tokens
+    gives the per-rank sizes, and the runtime is their max (not max(num_tokens_across_dp),
+    the analogue of SGLang #25685)."""
+    world = World(ep_size=4, dp_size=2, group_tokens=(5, 9), max_num_tokens=16)
+    for release in releases[0].values():
+        outs = release.step(world)
+        assert [o.seen_local_sizes for o in outs] == [[3, 3, 5, 5]] * 4
+        assert [o.runtime for o in outs] == [5] * 4
