@@ -16,9 +16,10 @@ from typing import Dict, List, Optional
 from strategies.search import minimal
 from strategies.vllm import VLLM_REGIMES, vllm_worlds
 
-from ..model.properties import COLUMNS, breaks
+from ..model.properties import PROPERTIES, PropertyViolation, RuleCrashed, rule_values
 from ..model.world import World
-from .loader import VLLMRelease, not_producible, release_from_spec
+from ..sizing import NotApplicable
+from .loader import VLLMRelease, release_from_spec
 
 __all__ = ["RELEASES", "REGIME_EXAMPLES", "Verdict", "broken_columns", "regime_verdicts",
            "tables", "TWO_SIDED_REGIMES"]
@@ -40,8 +41,21 @@ class Verdict:
 
 
 def broken_columns(release: VLLMRelease, world: World) -> tuple:
-    """The properties (and "no crash") ``release`` breaks on ``world``."""
-    return tuple(c for c in COLUMNS if breaks(release, c)(world))
+    """The properties (or "no crash" alone) ``release`` breaks on ``world``: one run of
+    every rank's prepare(), then every check on its values."""
+    try:
+        values = rule_values(release, world)
+    except NotApplicable:
+        return ()
+    except RuleCrashed:
+        return ("no crash",)
+    broken = []
+    for column, check in PROPERTIES.items():
+        try:
+            check(world, values)
+        except PropertyViolation:
+            broken.append(column)
+    return tuple(broken)
 
 
 def regime_verdicts(release: VLLMRelease, max_examples: int = REGIME_EXAMPLES) -> Dict[str, Verdict]:
@@ -50,9 +64,8 @@ def regime_verdicts(release: VLLMRelease, max_examples: int = REGIME_EXAMPLES) -
         if release.side == "two-sided" and regime not in TWO_SIDED_REGIMES:
             out[regime] = Verdict(regime, None, applicable=False)
             continue
-        found = minimal(vllm_worlds(regime), lambda w: any(
-            not not_producible(w, release.side) and breaks(release, c)(w) for c in COLUMNS),
-            max_examples)
+        found = minimal(vllm_worlds(regime), lambda w: bool(broken_columns(release, w)),
+                        max_examples)
         out[regime] = Verdict(regime, found, broken_columns(release, found) if found else ())
     return out
 

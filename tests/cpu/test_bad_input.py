@@ -172,3 +172,30 @@ def test_bad_pytest_options_are_usage_errors(pytester, monkeypatch, args, env, w
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-2000:]
     assert words in text and "INTERNALERROR" not in text
+
+
+def test_bad_vllm_targets_are_policy_errors(tmp_path, monkeypatch):
+    """Every way a vllm: spec can be wrong names what is wrong (and runs nothing else)."""
+    from dispatcher.vllm import fetch as vfetch
+
+    pytest.importorskip("torch")
+    monkeypatch.setenv(vfetch.CACHE_ENV, str(tmp_path / "vcache"))
+    empty = _wheel(tmp_path / "vllm-9.9.9-cp38-abi3-linux_x86_64.whl", {"README": "x"})
+    (tmp_path / "random.py").write_text("x = 1\n")
+    (tmp_path / "reads_more.py").write_text("from vllm.distributed import get_pp_group\n")
+    checkout = tmp_path / "checkout"
+    one_sided = checkout / vfetch.ONE_SIDED[0]
+    one_sided.parent.mkdir(parents=True)
+    one_sided.write_text("class FlashInferNVLinkOneSidedPrepareAndFinalize:\n    pass\n")
+    for target, words in [
+        ("0.33.0@three-sided", "the suffix selects a backend"),
+        (empty, "holds no vllm/model_executor/layers/fused_moe/prepare_finalize/flashinfer_nvlink_one_sided.py"),
+        (tmp_path / "random.py", "defines neither FlashInferNVLinkOneSidedPrepareAndFinalize"),
+        (tmp_path / "reads_more.py", "no stand-in for vllm.distributed.get_pp_group"),
+        (f"{checkout}@two-sided", "no vllm/model_executor/layers/fused_moe/prepare_finalize/flashinfer_nvlink_two_sided.py"),
+        ("0.x", "not a release version (e.g. vllm:0.33.0)"),
+        (tmp_path / "missing", "no such file"),
+    ]:
+        with pytest.raises(PolicyError, match=str(words).replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+            load_policy(f"vllm:{target}")
+    assert load_policy(f"vllm:{checkout}")[1].side == "one-sided"  # the checkout itself loads
