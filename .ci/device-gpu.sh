@@ -5,8 +5,9 @@
 #                                with pip --target for Python 3.12 and tarred
 #   .gpu/mnnvl_moe_alltoall.so   the A2A module built for sm_90a (docs/gpu.md says how), installed
 #                                as FlashInfer's AOT module; without it FlashInfer JIT-builds it
-#   .sglang/                     the pinned SGLang files (python -m dispatcher.sglang fetch)
-#   STEPS="gpu multi sglang bad speed wall ttft"   which parts to run; logs in $OUT/results.tgz
+#   .sglang/ .vllm/              the pinned SGLang and vLLM files (python -m dispatcher.sglang fetch,
+#                                python -m dispatcher.vllm fetch)
+#   STEPS="gpu multi sglang vllm bad speed profile wall ttft"   which parts; logs in $OUT/results.tgz
 set -uo pipefail
 OUT=${OUT:-$PWD/out/gpu}; R=$(mktemp -d); mkdir -p "$OUT"
 STEPS=${STEPS:-gpu multi sglang bad speed wall}
@@ -32,6 +33,9 @@ for s in $STEPS; do case $s in
   sglang) for rel in 0.5.23 0.5.10; do  # SGLang's own dispatch()/combine() on the real kernels
          step "sglang-$rel" 120 $py -m multi_gpu tests/multi_gpu/test_sglang_end_to_end.py -k "real_kernels and 2" --policy=sglang:$rel --timeout=110
        done ;;
+  vllm) step vllm-gpu 150 $py -m gpu tests/gpu --policy=vllm:0.33.0 --timeout=140   # vLLM's value, real kernels
+        step vllm-multi 240 $py -m multi_gpu tests/multi_gpu/test_rank_pool.py -k pool_round_trip --policy=vllm:0.33.0 --timeout=230 ;;
+  profile) step profile 200 python3 -m cProfile -s tottime benchmarks/gpu_speed.py --examples 300 --pool-sizes ;;
   bad) for pol in prefix_rule dispatcher.mutants:undersized; do
          step "bad-${pol##*:}" 90 $py -m "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip and 2" --policy=$pol --timeout=80
        done ;;

@@ -14,36 +14,38 @@ import torch
 
 from ..emulator.a2a import POISON
 
-__all__ = ["RTOL", "ATOL", "rank_problems", "stale_rows_poisoned"]
+__all__ = ["RTOL", "ATOL", "rank_problems", "stale_rows_ok"]
 
 # bf16 tolerance: both sides round each expert row to bf16 once and sum exactly in fp32, so a
 # correct A2A matches the reference bit for bit; allow half a bf16 ulp of the largest value.
 RTOL, ATOL = 2.0 ** -8, 0.0
 
 
-def stale_rows_poisoned(recv: Sequence[torch.Tensor], expected_counts: np.ndarray,
-                        runtime: int) -> bool:
-    """On one target, rows ``[count, runtime)`` of each source's slot still hold POISON."""
-    row = torch.arange(runtime, device=recv[0].device)
-    stale = row[None, :] >= torch.as_tensor(expected_counts, device=row.device)[:, None]
-    for plane in recv:
-        rows = plane.contiguous().view(torch.uint8).reshape(plane.shape[0], runtime, -1)
-        if not bool(((rows == POISON).all(-1) | ~stale).all().item()):
-            return False
-    return True
+def stale_rows_ok(recv: Sequence[torch.Tensor], expected_counts: np.ndarray,
+                  runtime: int) -> torch.Tensor:
+    """Rows ``[count, runtime)`` of each source's slot still hold POISON. One target: planes
+    ``[W, R, ...]`` and counts ``[W]`` give a 0-dim bool; T targets at once (the same
+    runtime): planes ``[T, W, R, ...]`` and counts ``[T, W]`` give ``[T]``. The answer stays
+    on the GPU, so a caller reads every rank's in one copy."""
+    counts = torch.as_tensor(np.asarray(expected_counts), device=recv[0].device)
+    stale = torch.arange(runtime, device=counts.device) >= counts[..., None]  # [..., W, R]
+    oks = [((plane.contiguous().view(torch.uint8).reshape(*stale.shape, -1) == POISON).all(-1)
+            | ~stale).flatten(-2).all(-1) for plane in recv]
+    return torch.stack(oks).all(0)
 
 
-def rank_problems(rank: int, recv: Optional[Sequence[torch.Tensor]], runtime: int,
+def rank_problems(rank: int, stale_ok: Optional[bool], runtime: int,
                   counts: np.ndarray, expected_counts: np.ndarray,
                   output: np.ndarray, reference: np.ndarray) -> List[str]:
     """Everything wrong on EP rank ``rank`` (empty when its round trip was exact).
-    ``recv=None`` skips the stale-row check (a dispatcher that sanitizes padding rows, as
-    SGLang's does with ``invalid_token_expert_id``, writes them on purpose)."""
+    ``stale_ok`` is ``stale_rows_ok`` read back; ``None`` skips that check (a dispatcher that
+    sanitizes padding rows, as SGLang's does with ``invalid_token_expert_id``, writes them on
+    purpose)."""
     problems = []
     if not np.array_equal(counts, expected_counts):
         problems.append(f"rank {rank} recv counts {counts.tolist()} != model "
                         f"{expected_counts.tolist()}")
-    if recv is not None and not stale_rows_poisoned(recv, expected_counts, runtime):
+    if stale_ok is False:
         problems.append(f"rank {rank}: a stray write landed past a sender's count")
     if output.shape != reference.shape:
         problems.append(f"rank {rank}: combine returned shape {output.shape}, expected "

@@ -20,7 +20,7 @@ from ..emulator.inputs import make_inputs, reference_outputs
 from ..model.workspace import aux_offsets, aux_size
 from ..model.world import World
 from . import torch_ops
-from .checks import rank_problems
+from .checks import rank_problems, stale_rows_ok
 from .flashinfer import comm, metainfo_index, module
 
 __all__ = ["SingleGpuA2A", "GpuRoundTrip", "CudaContextDead", "GUARD"]
@@ -137,7 +137,13 @@ class SingleGpuA2A:
         model["combine_payload_offset"] = (world.layout(runtimes[0]).combine_offset,
                                            int(combine_offsets[0]))
         counts = ws[:, aux.recv_counters:aux.recv_counters + 4 * W].contiguous().view(torch.int32)
-        outs = [torch_ops.expert_outputs(recv[r], runtimes[r], moe, r, W) for r in range(W)]
+        same = len(set(runtimes)) == 1  # a sound rule: every rank's op batched into one
+        if same:
+            stacked = [torch.stack(planes) for planes in zip(*recv)]  # [W, W, R, bytes] each
+            batch = torch_ops.expert_outputs(stacked, runtimes[0], moe, range(W), W)
+            outs = list(batch.unbind(0))
+        else:
+            outs = [torch_ops.expert_outputs(recv[r], runtimes[r], moe, r, W) for r in range(W)]
         for s in streams:
             s.wait_stream(main)
         results = []
@@ -148,14 +154,24 @@ class SingleGpuA2A:
                     moe.top_k, combine_offsets[r]))
         for s in streams:
             main.wait_stream(s)
-        problems = []
-        if not bool((full[:, size:] == GUARD_BYTE).all().item()):
-            problems.append("guard bytes after a rank's workspace were overwritten")
+        # every answer read back in three copies (one sync), not a sync per rank and plane
         expected = expected_recv_counts(world, inputs)
-        host_counts = counts.cpu().numpy()
+        stale = (stale_rows_ok(stacked, expected, runtimes[0]) if same else
+                 torch.stack([stale_rows_ok(recv[r], expected[r], runtimes[r]) for r in range(W)]))
+        flags = torch.cat([(full[:, size:] == GUARD_BYTE).all().view(1), stale])
+        outputs = torch.cat([results[r].float().reshape(-1) for r in range(W)])
+        host_flags, host_counts, host_out = flags.cpu().numpy(), counts.cpu().numpy(), \
+            outputs.cpu().numpy()
+        problems = []
+        if not host_flags[0]:
+            problems.append("guard bytes after a rank's workspace were overwritten")
+        at = 0
         for r in range(W):
-            problems += rank_problems(r, recv[r], runtimes[r], host_counts[r], expected[r],
-                                      results[r].float().cpu().numpy(), ref[r])
+            n = results[r].numel()
+            out_r = host_out[at:at + n].reshape(results[r].shape)
+            at += n
+            problems += rank_problems(r, bool(host_flags[1 + r]), runtimes[r], host_counts[r],
+                                      expected[r], out_r, ref[r])
         wrong = {k: v for k, v in model.items() if v[0] != v[1]}
         if wrong:
             problems.append(f"byte model != FlashInfer: {wrong}")

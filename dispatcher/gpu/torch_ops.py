@@ -36,15 +36,19 @@ def stand_in_moe(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tenso
 
 def expert_outputs(recv, runtime: int, moe: MoeConfig, rank, ep_size: int) -> torch.Tensor:
     """What EP rank ``rank``'s experts return for the planes it received (``[W, R, bytes]``
-    each, FlashInfer's order): ``[W, R, H]`` bf16, the tensor combine is handed."""
-    planes = [p.reshape(ep_size * runtime, -1) for p in recv]
+    each, FlashInfer's order): ``[W, R, H]`` bf16, the tensor combine is handed. ``rank`` may
+    be a list of ranks, with ``recv`` their planes stacked (``[T, W, R, bytes]``, the same
+    runtime): ``[T, W, R, H]``, one launch per op for every rank of a world."""
+    ranks = torch.as_tensor([rank] if isinstance(rank, int) else list(rank), device=recv[0].device)
+    t = len(ranks)
+    planes = [p.reshape(t, ep_size * runtime, -1) for p in recv]
     n_hidden = len(planes) - 2
     x = decode_hidden(planes[:n_hidden], moe.payload_format, moe.hidden_size)
     ids = planes[n_hidden].contiguous().view(torch.int32)
     w = planes[n_hidden + 1].contiguous().view(torch.float32)
-    ranks = torch.tensor([rank], device=x.device)
-    y = stand_in_moe(x[None], ids[None], w[None], ranks, moe.num_experts, ep_size)
-    return y.view(ep_size, runtime, moe.hidden_size)
+    y = stand_in_moe(x, ids, w, ranks, moe.num_experts, ep_size)
+    shape = (ep_size, runtime, moe.hidden_size)
+    return y.view(*shape) if isinstance(rank, int) else y.view(t, *shape)
 
 
 DTYPES = {"hidden_states": torch.bfloat16, "topk_ids": torch.int32, "topk_weights": torch.float32}

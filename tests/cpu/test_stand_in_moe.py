@@ -2,7 +2,7 @@
 (GPU tiers) agree bit for bit on the same received rows, on the CPU."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, settings, strategies as st
 
 from dispatcher.emulator import inputs as np_ops
 from dispatcher.model.world import owners_of
@@ -40,3 +40,35 @@ def test_expert_owner_is_one_function_for_numpy_and_torch(world):
     assert (np.diff(inside) >= 0).all() and set(inside) == set(range(W))  # contiguous, all ranks
     counts = np.bincount(inside, minlength=W)
     assert counts.max() - counts.min() <= 1 and (np.diff(counts) <= 0).all()  # first E % W + 1
+
+
+@settings(max_examples=60)
+@given(world=a2a_worlds(), runtime=st.integers(1, 6), seed=st.integers(0, 2 ** 16))
+def test_every_rank_at_once_equals_one_rank_at_a_time(world, runtime, seed):
+    """The single-GPU tier batches every rank's stand-in MoE and stale-row check into one
+    launch per op when the ranks share a runtime: the same answers as rank by rank."""
+    from dispatcher.emulator.a2a import POISON
+    from dispatcher.gpu.checks import stale_rows_ok
+
+    moe, W = world.moe, world.ep_size
+    g = torch.Generator().manual_seed(seed)
+    widths = [spec.bytes_per_token for spec in moe.payloads]
+    recv = [[torch.randint(0, 256, (W, runtime, b), dtype=torch.uint8, generator=g) for b in widths]
+            for _ in range(W)]
+    for r in range(W):  # sensible ids and weights, poisoned stale rows on some ranks
+        ids = torch.randint(0, moe.num_experts, (W, runtime, moe.top_k), dtype=torch.int32, generator=g)
+        recv[r][-2] = ids.view(torch.uint8).reshape(W, runtime, -1)
+        recv[r][-1] = torch.rand(W, runtime, moe.top_k, generator=g).view(torch.uint8).reshape(W, runtime, -1)
+    counts = torch.randint(0, runtime + 1, (W, W), generator=g).numpy()
+    for r in range(W):
+        for src in range(W):
+            if (r + src + seed) % 3:
+                for plane in recv[r]:
+                    plane[src, counts[r, src]:] = POISON
+    stacked = [torch.stack(planes) for planes in zip(*recv)]
+    batch = torch_ops.expert_outputs(stacked, runtime, moe, range(W), W)
+    ok = stale_rows_ok(stacked, counts, runtime)
+    for r in range(W):
+        one = torch_ops.expert_outputs(recv[r], runtime, moe, r, W)
+        assert torch.equal(batch[r].view(torch.int16), one.view(torch.int16))
+        assert bool(ok[r]) == bool(stale_rows_ok(recv[r], counts[r], runtime))
