@@ -5,18 +5,22 @@
 - ``minimal``: what does a failure shrink to? Shrinks; ``None`` when there is none.
 - ``assert_no_examples`` / ``assert_all_examples``: nothing / everything in the search
   satisfies the condition.
+- ``visited``: the examples such a search visits, recorded once, so that many conditions (a
+  verdict table's cells: one per release) are checked on exactly the examples ``find_any``
+  and ``assert_no_examples`` would visit for each, without generating them again.
 
 Every search is derandomized, uses no example database and has no deadline, so it gives the
 same answer in pytest, in ``python -m dispatcher.sglang_verdicts`` and in a benchmark.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Tuple, TypeVar
 
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
-__all__ = ["SEARCH", "find_any", "minimal", "assert_no_examples", "assert_all_examples"]
+__all__ = ["SEARCH", "find_any", "minimal", "assert_no_examples", "assert_all_examples",
+           "visited", "first_in"]
 
 T = TypeVar("T")
 SEARCH = settings(max_examples=2000, database=None, derandomize=True, deadline=None,
@@ -52,3 +56,33 @@ def assert_all_examples(strategy, condition: Callable[[T], bool], max_examples: 
     """Every example in the search satisfies ``condition``."""
     found = minimal(strategy, lambda x: not condition(x), max_examples)
     assert found is None, f"expected every example to satisfy it, found (shrunk): {found!r}"
+
+
+def visited(strategy, max_examples: int) -> Tuple:
+    """Every example a search of ``max_examples`` visits, in order, before any condition holds
+    (a derandomized search whose condition never holds visits the same sequence whatever the
+    condition is, and one that stops at the first hit visits a prefix of it). Recorded once
+    per process for each (strategy, count): the strategy is named by its repr."""
+    key = (repr(strategy), max_examples)
+    if key not in _VISITED:
+        seen = []
+
+        def record(example) -> bool:
+            seen.append(example)
+            return False
+        try:
+            find(strategy, record,
+                 settings=settings(SEARCH, max_examples=max_examples, phases=_NO_SHRINK))
+        except NoSuchExample:
+            pass
+        _VISITED[key] = tuple(seen)
+    return _VISITED[key]
+
+
+_VISITED: dict = {}
+
+
+def first_in(examples, condition: Callable[[T], bool]) -> Optional[T]:
+    """The first of ``examples`` satisfying ``condition`` (what ``find_any`` would return on
+    the search they were recorded from), or None."""
+    return next((x for x in examples if condition(x)), None)

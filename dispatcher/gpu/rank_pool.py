@@ -158,26 +158,32 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
         policies[spec] = load_policy(spec)[1]
     view = world.rank_view(rank)
     mine = for_world(policies[spec], world)(view) if not isinstance(bypass, list) else bypass[rank]
+    moe, cap = world.moe, world.max_num_tokens
+    aux = aux_offsets(ep_size, cap)
+
+    def poison():
+        a2as[cap].workspace[rank][aux.payload_data:].fill_(POISON)
+        torch.cuda.synchronize()
+    known = cap in a2as
+    if known:  # poisoned before the agreement, which is then also the barrier: the parent sends
+        poison()  # an example only when every rank has finished the last, so no peer still reads it
     agreed: List[Optional[tuple]] = [None] * ep_size
-    dist.all_gather_object(agreed, (mine, view.local_tokens, repr(world)), group=cpu)
-    if len({a[2] for a in agreed}) != 1:
+    dist.all_gather_object(agreed, (mine, view.local_tokens, repr(world), known), group=cpu)
+    if len({a[2:] for a in agreed}) != 1:
         raise RuntimeError("ranks received different worlds")
     values = [a[0] for a in agreed]
     if bypass is False:
         validate(values, world.views)  # the same verdict on every rank
     runtime = require_int(values[rank])
-    moe, cap = world.moe, world.max_num_tokens
-    if cap not in a2as:  # collective: every rank reaches here for the same cap
+    if not known:  # collective: every rank reaches here for the same cap
         size = workspace_size_per_rank(ep_size, cap, max_dispatch_bytes, max_combine_bytes)
         a2as[cap] = new_moe_alltoall(ep_size, rank, cap, top_k=8,
                                      num_experts=max(64, ep_size), workspace_size_per_rank=size)
+        poison()
+        dist.barrier(group=cpu)  # nobody writes into a peer before it is poisoned
     a2a = a2as[cap]
     a2a.top_k, a2a.num_experts = moe.top_k, moe.num_experts
-    aux = aux_offsets(ep_size, cap)
     own = a2a.workspace[rank]
-    own[aux.payload_data:].fill_(POISON)
-    torch.cuda.synchronize()
-    dist.barrier(group=cpu)  # nobody writes into a peer before it is poisoned
     inputs = make_inputs(world)
     inp = inputs[rank]
     ids, *rows = torch_ops.to_torch_rows([inp.expert_ids, *inp.payload_rows], "cuda")

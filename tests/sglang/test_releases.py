@@ -19,7 +19,7 @@ from dispatcher.sglang.classes import BUG_CLASSES, check_step  # noqa: E402
 from dispatcher.sglang.loader import load_release  # noqa: E402
 from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
 from strategies import sglang_steps, worlds  # noqa: E402
-from strategies.search import assert_no_examples, find_any, minimal  # noqa: E402
+from strategies.search import first_in, minimal, visited  # noqa: E402
 
 # release -> the bug classes it ships (docs/sglang.md, first table)
 EXPECTED_CLASSES = {
@@ -101,13 +101,13 @@ def test_release_ships_exactly_its_bug_classes(releases, version, key):
     """Every cell of the class table. A shipped class must be found (not shrunk here: the
     pinned test below reads the shrunk example), a fixed one must not."""
     release = releases[version]
-
-    def broken(step):
-        return check_step(release, key, *step) is not None
+    steps = visited(sglang_steps(key), CLASS_EXAMPLES)  # one search, every release's cell
+    hit = first_in(steps, lambda step: check_step(release, key, *step) is not None)
     if key in EXPECTED_CLASSES[version]:
-        find_any(sglang_steps(key), broken, CLASS_EXAMPLES)
+        assert hit is not None, f"{version} ships {key} but no step of {len(steps)} shows it"
     else:
-        assert_no_examples(sglang_steps(key), broken, CLASS_EXAMPLES)
+        assert hit is None, f"{version} is not expected to ship {key}, yet: " \
+                            f"{check_step(release, key, *hit)}"
 
 
 @pytest.mark.parametrize("key", list(BUG_CLASSES))
@@ -142,11 +142,13 @@ def test_release_property_verdict(releases, version, column):
     """Every cell of the property table (eager decode). A broken property must be found in
     1,500 worlds (not shrunk here: the shrunk examples are the table's, and the pinned tests
     below read them), a held one must survive 300."""
-    release = releases[version]
+    broken = breaks(releases[version], column)
     if column in EXPECTED_PROPERTIES[version]:
-        find_any(worlds(), breaks(release, column), 1500)
+        assert first_in(visited(worlds(), 1500), broken) is not None, \
+            f"{version} breaks {column} but no world of 1500 shows it"
     else:
-        assert_no_examples(worlds(), breaks(release, column), 300)
+        hit = first_in(visited(worlds(), 300), broken)
+        assert hit is None, f"{version} is not expected to break {column}, yet it does on {hit!r}"
 
 
 def test_pre_25685_release_fails_with_a_shrunk_sp_counterexample(releases):

@@ -14,7 +14,7 @@ from dispatcher.model.world import World  # noqa: E402
 from dispatcher.policies import PolicyError, load_policy  # noqa: E402
 from dispatcher.vllm.verdicts import RELEASES, TWO_SIDED_REGIMES, broken_columns  # noqa: E402
 from strategies import vllm_worlds  # noqa: E402
-from strategies.search import assert_no_examples, find_any  # noqa: E402
+from strategies.search import first_in, visited  # noqa: E402
 from strategies.vllm import VLLM_REGIMES  # noqa: E402
 
 # release -> the regimes where its one-sided prepare() breaks a property (docs/vllm.md)
@@ -48,17 +48,18 @@ def _broken(release):
 @pytest.mark.parametrize("version", RELEASES)
 @pytest.mark.parametrize("regime", VLLM_REGIMES)
 def test_one_sided_release_fails_exactly_its_regimes(releases, version, regime):
-    release = releases[0][version]
+    hit = first_in(visited(vllm_worlds(regime), EXAMPLES), _broken(releases[0][version]))
     if regime in EXPECTED[version]:
-        find_any(vllm_worlds(regime), _broken(release), EXAMPLES)
+        assert hit is not None, f"{version} fails in {regime}, but no world of {EXAMPLES} shows it"
     else:
-        assert_no_examples(vllm_worlds(regime), _broken(release), EXAMPLES)
+        assert hit is None, f"{version} breaks {broken_columns(releases[0][version], hit)} on {hit!r}"
 
 
 @pytest.mark.parametrize("version", TWO_SIDED)
 @pytest.mark.parametrize("regime", TWO_SIDED_REGIMES)
 def test_two_sided_release_holds_every_property(releases, version, regime):
-    assert_no_examples(vllm_worlds(regime), _broken(releases[1][version]), EXAMPLES)
+    hit = first_in(visited(vllm_worlds(regime), EXAMPLES), _broken(releases[1][version]))
+    assert hit is None, f"{version}@two-sided breaks something on {hit!r}"
 
 
 def test_pcp_without_dp_metadata_crashes_until_0_32(releases):
