@@ -22,6 +22,7 @@ How a world becomes vLLM's inputs (docs/vllm.md has the source lines):
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import logging
@@ -72,12 +73,24 @@ def num_tokens_across_dp(world: World) -> List[int]:
     return [max(counts)] * len(counts) if world.max_len_padding else counts
 
 
+_SANDBOX_DEPTH = [0]
+
+
 @contextmanager
 def _sandbox():
+    """The stand-in modules in ``sys.modules``; re-entrant (a step enters it once for all
+    its ranks: the two-sided file imports FlashInfer inside prepare())."""
+    if _SANDBOX_DEPTH[0]:
+        yield
+        return
     import torch  # noqa: F401 - imported outside the patch, or restoring sys.modules drops it
 
     with mock.patch.dict(sys.modules, stand_in_modules()):
-        yield
+        _SANDBOX_DEPTH[0] += 1
+        try:
+            yield
+        finally:
+            _SANDBOX_DEPTH[0] -= 1
 
 
 @dataclass(repr=False, eq=False)
@@ -135,7 +148,7 @@ class VLLMRelease:
             return None
         import torch
 
-        accepted = inspect.signature(self.compute_sp).parameters
+        accepted = _params(self.compute_sp)
         extra = {k: v for k, v in (("pcp_size", 1), ("use_ep", True)) if k in accepted}
         sizes = self.compute_sp(torch.tensor(num_tokens_across_dp(world)), self.sp_size(world),
                                 **extra)
@@ -204,8 +217,7 @@ class VLLMRelease:
                                 apply_router_weight_on_input=False,
                                 quant_config=QuantConfig(world.moe.payload),
                                 defer_input_quant=False)
-                    accepted = inspect.signature(layer.prepare).parameters
-                    layer.prepare(**{k: v for k, v in args.items() if k in accepted})
+                    layer.prepare(**{k: v for k, v in args.items() if k in _params(type(layer).prepare)})
                     return Outcome(error="prepare() returned without launching the all-to-all",
                                    seen_local_sizes=state.seen_local_sizes)
                 except Launched as launched:
@@ -220,7 +232,13 @@ class VLLMRelease:
 
     def step(self, world: World) -> List[Outcome]:
         sizes = self.local_sizes(world) if not not_producible(world, self.side) else None
-        return [self.outcome(world, r, sizes) for r in range(world.ep_size)]
+        with _sandbox():
+            return [self.outcome(world, r, sizes) for r in range(world.ep_size)]
+
+
+@functools.lru_cache(maxsize=None)
+def _params(fn) -> frozenset:
+    return frozenset(inspect.signature(fn).parameters)
 
 
 class BoundVLLMStep:
