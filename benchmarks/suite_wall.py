@@ -4,9 +4,9 @@
     python benchmarks/suite_wall.py --runs 3 -- --policy=sglang:0.5.23
     python benchmarks/suite_wall.py --runs 3 --profile gpu -- --require-gpus     # a GPU runner
 
-Each run is ``HYPOTHESIS_PROFILE=<profile> pytest -n auto -q -p no:cacheprovider [ARGS]`` in
+Each run is ``HYPOTHESIS_PROFILE=<profile> pytest -n auto -q -rf -p no:cacheprovider [ARGS]`` in
 a fresh process from the repository root, nothing else set; the figure is the median wall
-time with the min and max, and every run's pytest summary line is kept.
+time with the min and max, and every run's pytest summary line (and failed tests) is kept.
 """
 from __future__ import annotations
 
@@ -25,12 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def one_run(profile: str, args: list, timeout: float) -> dict:
     env = {**os.environ, "HYPOTHESIS_PROFILE": profile}
-    cmd = [sys.executable, "-m", "pytest", "-n", "auto", "-q", "-p", "no:cacheprovider", *args]
+    cmd = [sys.executable, "-m", "pytest", "-n", "auto", "-q", "-rf", "-p", "no:cacheprovider", *args]
     t = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t
     lines = [ln for ln in done.stdout.strip().splitlines() if ln.strip()]
-    return {"wall_s": round(wall, 1), "exit": done.returncode, "summary": lines[-1] if lines else ""}
+    failed = [ln for ln in lines if ln.startswith("FAILED ")]
+    return {"wall_s": round(wall, 1), "exit": done.returncode, "summary": lines[-1] if lines else "",
+            **({"failed": failed} if failed else {})}
 
 
 def main() -> int:
