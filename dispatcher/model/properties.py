@@ -20,7 +20,7 @@ from .world import World
 __all__ = ["PropertyViolation", "RuleCrashed", "RefusedCorrectly", "SlowRule", "RuleBudget",
            "RULE_BUDGET", "RuleValues", "policy_name", "for_world", "world_for", "rule_values", "values_or_reject", "explain",
            "check_positive", "check_fits", "check_rank_invariant", "check_within_cap",
-           "check_tight", "PROPERTIES", "COLUMNS", "check_all", "breaks"]
+           "check_tight", "PROPERTIES", "COLUMNS", "check_all", "breaks", "broken_columns"]
 
 
 class PropertyViolation(AssertionError):
@@ -267,3 +267,23 @@ def breaks(policy: Policy, column: str) -> Callable[[World], bool]:
             return True
         return False
     return broken
+
+
+def broken_columns(policy: Policy, world: World) -> tuple:
+    """Every column ``policy`` breaks on ``world``, from one call of the policy per rank:
+    ``("no crash",)`` when it crashes, ``()`` on a world it cannot produce or correctly
+    refuses, else the properties it breaks (``breaks(policy, c)(world)`` for each ``c``)."""
+    name = policy_name(policy)
+    try:
+        values = rule_values(policy, world, name)
+    except NotApplicable:
+        return ()
+    except RuleCrashed:
+        return ("no crash",)
+    broken = []
+    for column, check in PROPERTIES.items():
+        try:
+            check(world, values, name)
+        except PropertyViolation:
+            broken.append(column)
+    return tuple(broken)

@@ -16,9 +16,8 @@ from typing import Dict, List, Optional
 from strategies.search import minimal
 from strategies.vllm import VLLM_REGIMES, vllm_worlds
 
-from ..model.properties import PROPERTIES, PropertyViolation, RuleCrashed, rule_values
+from ..model.properties import broken_columns
 from ..model.world import World
-from ..sizing import NotApplicable
 from .loader import VLLMRelease, release_from_spec
 
 __all__ = ["RELEASES", "REGIME_EXAMPLES", "Verdict", "broken_columns", "regime_verdicts",
@@ -38,24 +37,6 @@ class Verdict:
     example: Optional[World]  # shrunk counterexample; None: holds (or n/a)
     columns: tuple = ()  # what it breaks
     applicable: bool = True
-
-
-def broken_columns(release: VLLMRelease, world: World) -> tuple:
-    """The properties (or "no crash" alone) ``release`` breaks on ``world``: one run of
-    every rank's prepare(), then every check on its values."""
-    try:
-        values = rule_values(release, world)
-    except NotApplicable:
-        return ()
-    except RuleCrashed:
-        return ("no crash",)
-    broken = []
-    for column, check in PROPERTIES.items():
-        try:
-            check(world, values)
-        except PropertyViolation:
-            broken.append(column)
-    return tuple(broken)
 
 
 def regime_verdicts(release: VLLMRelease, max_examples: int = REGIME_EXAMPLES) -> Dict[str, Verdict]:
