@@ -147,15 +147,16 @@ def _with(values: RuleValues, last) -> RuleValues:
     return RuleValues(list(values) + [last], values.notes, values.replay_args)
 
 
-def world_for(policy, world: World) -> World:
+def world_for(policy, world: World, keep_cap: bool = False) -> World:
     """The world ``policy`` is checked on: an engine policy's nearest world its engine runs
-    (``policy.engine_world``: vLLM never idles a DP rank at zero tokens, say), else ``world``.
-    Inside a Hypothesis test, a world the engine never runs is rejected."""
+    (``policy.engine_world``: vLLM never idles a DP rank at zero tokens, say), else ``world``;
+    ``keep_cap`` for a tier whose workspaces are built per cap (the rank pool). Inside a
+    Hypothesis test, a world the engine never runs is rejected."""
     engine_world = getattr(policy, "engine_world", None)
     if engine_world is None:
         return world
     try:
-        return engine_world(world)
+        return engine_world(world, keep_cap=keep_cap)
     except NotApplicable as exc:
         from hypothesis import event, reject
 

@@ -108,7 +108,7 @@ class VLLMRelease:
     compute_sp: Callable = compute_sp_fallback
     _instances: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict, repr=False)
     _inputs: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
-    MAX_INSTANCES = 2048
+    MAX_INSTANCES = 16384  # one per rank and layer shape; cheap objects
 
     @property
     def spec(self) -> str:
@@ -127,10 +127,10 @@ class VLLMRelease:
     def bind(self, world: World) -> "BoundVLLMStep":
         return BoundVLLMStep(self, world)
 
-    def engine_world(self, world: World) -> World:
-        """The nearest world vLLM runs with this backend, at the same cap (``NotApplicable``
-        if none)."""
-        world = as_vllm_world(world, raise_cap=False)
+    def engine_world(self, world: World, keep_cap: bool = False) -> World:
+        """The nearest world vLLM runs with this backend (``NotApplicable`` if none); with
+        ``keep_cap`` only at the same cap (a rank pool's workspaces are built per cap)."""
+        world = as_vllm_world(world, raise_cap=not keep_cap)
         reason = not_producible(world, self.side)
         if reason:
             raise NotApplicable(reason)
@@ -173,14 +173,12 @@ class VLLMRelease:
                      dispatch_dtype_bytes_per_elem=hidden // moe.hidden_size or 1,
                      dispatch_format=None, extra_payload_bytes_per_token=0)
         cls = getattr(self.module, SIDES[self.side])
-        kwargs = {}
-        for name, p in list(inspect.signature(cls.__init__).parameters.items())[1:]:
-            if name in known:
-                kwargs[name] = known[name]
-            elif p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                raise ReleaseError(f"{self.spec}: {SIDES[self.side]}.__init__ takes {name!r}, "
-                                   f"which this gate does not know how to fill")
-        layer = cls(**kwargs)
+        takes, required = _init_params(cls)
+        unknown = required - set(known)
+        if unknown:
+            raise ReleaseError(f"{self.spec}: {SIDES[self.side]}.__init__ takes "
+                               f"{sorted(unknown)}, which this gate does not know how to fill")
+        layer = cls(**{k: v for k, v in known.items() if k in takes})
         self._instances[key] = (layer, state.manager)
         return self._instances[key]
 
@@ -239,6 +237,14 @@ class VLLMRelease:
 @functools.lru_cache(maxsize=None)
 def _params(fn) -> frozenset:
     return frozenset(inspect.signature(fn).parameters)
+
+
+@functools.lru_cache(maxsize=None)
+def _init_params(cls) -> tuple:
+    """(every parameter ``cls.__init__`` takes, the ones without a default)."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    plain = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return frozenset(p.name for p in plain), frozenset(p.name for p in plain if p.default is p.empty)
 
 
 class BoundVLLMStep:

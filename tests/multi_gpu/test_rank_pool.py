@@ -19,7 +19,7 @@ def test_pool_round_trip(ep_size, pools, policy, policy_spec):
 
     @given(world=pool_worlds(ep_size))
     def run(world):
-        world = properties.world_for(policy, world)  # an engine's own world (vLLM)
+        world = properties.world_for(policy, world, keep_cap=True)  # an engine's own world (vLLM)
         values = properties.values_or_reject(policy, world, policy_spec)
         properties.check_all(world, values, policy_spec)
         pool.run(world, policy_spec)
