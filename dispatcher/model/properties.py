@@ -166,34 +166,14 @@ def world_for(policy, world: World, keep_cap: bool = False) -> World:
 
 def values_or_reject(policy: Policy, world: World, name: str = "") -> List[int]:
     """``rule_values`` inside a Hypothesis test: a world the policy declares impossible for
-    its system is rejected (and shown in ``--hypothesis-show-statistics``), not checked.
-
-    An engine policy (SGLang's or vLLM's own file, which runs the engine's code on every
-    rank) is run once per (policy, world) in a process, its determinism checked then; the
-    tests that draw the same world (one per property) share that run's values, or its error."""
+    its system is rejected (and shown in ``--hypothesis-show-statistics``), not checked."""
     from hypothesis import event, reject
 
-    key = (policy_name(policy), world) if getattr(policy, "engine", None) else None
     try:
-        if key is None:
-            return rule_values(policy, world, name)
-        if key not in _ENGINE_RUNS:
-            if len(_ENGINE_RUNS) >= 50_000:
-                _ENGINE_RUNS.clear()
-            try:
-                _ENGINE_RUNS[key] = rule_values(policy, world, name)
-            except (NotApplicable, PropertyViolation) as exc:
-                _ENGINE_RUNS[key] = exc
-        got = _ENGINE_RUNS[key]
-        if isinstance(got, Exception):
-            raise got.with_traceback(None)
-        return RuleValues(got, replay_args=got.replay_args, notes_from=got.notes_from)
+        return rule_values(policy, world, name)
     except NotApplicable as exc:
         event(f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}")
         reject()
-
-
-_ENGINE_RUNS: Dict[tuple, object] = {}
 
 
 def explain(world: World, values: Sequence, name: str = "the rule") -> str:
