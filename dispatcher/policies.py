@@ -23,6 +23,7 @@ __all__ = ["DEFAULT_POLICY", "NAMED", "PolicyError", "load_policy"]
 
 DEFAULT_POLICY = "dispatcher.sizing:ideal_rule"
 NAMED = {"ideal_rule": ideal_rule, **KNOWN_BAD_RULES, **MUTANTS}
+ENGINES = {"sglang": "dispatcher.sglang.loader", "vllm": "dispatcher.vllm.loader"}  # spec prefix -> loader
 
 
 class PolicyError(ValueError):
@@ -31,24 +32,15 @@ class PolicyError(ValueError):
 
 def load_policy(spec: str) -> Tuple[str, Policy]:
     """Return ``(spec, policy)``; raise ``PolicyError`` with the reason on a bad spec."""
-    if spec == "sglang" or spec.startswith("sglang:"):
+    engine = spec.partition(":")[0]
+    if engine in ENGINES:
         try:
-            from .sglang.loader import release_from_spec
+            loader = importlib.import_module(ENGINES[engine])
         except ImportError as exc:  # torch missing
             raise PolicyError(f"--policy {spec} needs torch (pip install torch==2.13.0, the "
                               f"CPU build): {exc}") from None
         try:
-            return spec, release_from_spec(spec.partition(":")[2])
-        except (ValueError, ImportError, OSError) as exc:
-            raise PolicyError(f"--policy {spec}: {exc}") from None
-    if spec == "vllm" or spec.startswith("vllm:"):
-        try:
-            from .vllm.loader import release_from_spec as vllm_release
-        except ImportError as exc:  # torch missing
-            raise PolicyError(f"--policy {spec} needs torch (pip install torch==2.13.0, the "
-                              f"CPU build): {exc}") from None
-        try:
-            return spec, vllm_release(spec.partition(":")[2])
+            return spec, loader.release_from_spec(spec.partition(":")[2])
         except (ValueError, ImportError, OSError) as exc:
             raise PolicyError(f"--policy {spec}: {exc}") from None
     if ":" not in spec:

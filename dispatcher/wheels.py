@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
-__all__ = ["ReleaseError", "Package", "sha256", "companion_function", "PIP_TIMEOUT_S"]
+__all__ = ["ReleaseError", "Package", "sha256", "companion_function", "fetch_main", "PIP_TIMEOUT_S"]
 
 PIP_TIMEOUT_S = 300
 _REPO = Path(__file__).resolve().parents[1]
@@ -204,3 +204,18 @@ class Package:
             version = self.canonical_version(target)
             return self.fetch_release(version), version
         raise ReleaseError(f"{self.name}:{target}: no such file or folder, and not a version")
+
+
+def fetch_main(package: Package, pinned, argv) -> int:
+    """``python -m dispatcher.<engine> fetch [VERSION ...]``: pre-fill the verified cache (no
+    version: every release the engine's verdict table pins)."""
+    if len(argv) < 1 or argv[0] != "fetch":
+        print(f"usage: python -m dispatcher.{package.name} fetch [VERSION ...]", file=sys.stderr)
+        return 2
+    try:
+        for version in argv[1:] or pinned:
+            print(package.fetch_release(version))
+    except ReleaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

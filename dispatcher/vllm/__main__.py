@@ -2,15 +2,9 @@
 every release the verdict table pins)."""
 import sys
 
-from .fetch import PACKAGE, ReleaseError
+from ..wheels import fetch_main
+from .fetch import PACKAGE
+from .verdicts import RELEASES
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] != "fetch":
-        sys.exit(__doc__)
-    from .verdicts import RELEASES
-
-    try:
-        for version in sys.argv[2:] or RELEASES:
-            print(PACKAGE.fetch_release(version))
-    except ReleaseError as exc:
-        sys.exit(f"error: {exc}")
+    sys.exit(fetch_main(PACKAGE, RELEASES, sys.argv[1:]))
