@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
-__all__ = ["ReleaseError", "Package", "sha256", "companion_function", "fetch_main", "PIP_TIMEOUT_S"]
+__all__ = ["ReleaseError", "Package", "sha256", "companion_function", "exec_engine_file",
+           "fetch_main", "PIP_TIMEOUT_S"]
 
 PIP_TIMEOUT_S = 300
 _REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +55,26 @@ def companion_function(path: Path, name: str, namespace: Dict[str, object]) -> O
     return None
 
 
+def exec_engine_file(path: Path, module_name: str, sandbox, spec_name: str):
+    """Execute an engine's file as module ``module_name`` inside ``sandbox`` (a context that
+    puts its stand-ins in ``sys.modules``). A name the stand-ins lack stays the ImportError
+    that names it; anything else the file raises is a ``ReleaseError``. Its logger is quieted."""
+    import logging
+
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        with sandbox:
+            spec.loader.exec_module(module)
+    except ImportError:
+        raise
+    except Exception as exc:
+        raise ReleaseError(f"{spec_name}:{path}: loading it raised {type(exc).__name__}: "
+                           f"{exc}") from exc
+    logging.getLogger(module_name).setLevel(logging.ERROR)  # e.g. "No tokens on this DP worker"
+    return module
+
+
 @dataclass(frozen=True)
 class Package:
     name: str  # the distribution on the package index: "sglang", "vllm"
@@ -79,10 +100,11 @@ class Package:
     def _example(self) -> str:
         return {"sglang": "0.5.23", "vllm": "0.33.0"}.get(self.name, "1.0.0")
 
-    def root_of(self, main_file: Path) -> Optional[Path]:
-        """The tree ``main_file`` sits in (the folder holding ``sglang/``, ``vllm/``)."""
-        p = Path(main_file).resolve()
-        for rel in self.main:
+    def root_of(self, file: Path) -> Optional[Path]:
+        """The tree ``file`` (the main file or a companion) sits in (the folder holding
+        ``sglang/``, ``vllm/``)."""
+        p = Path(file).resolve()
+        for rel in self.main + self.companions:
             if p.as_posix().endswith("/" + rel):
                 return p.parents[len(Path(rel).parts) - 1]
         return None

@@ -17,7 +17,7 @@ from dispatcher.model.vllm_world import as_vllm_world
 
 from .worlds import worlds
 
-__all__ = ["VLLM_REGIMES", "vllm_worlds", "as_vllm_world"]
+__all__ = ["VLLM_REGIMES", "vllm_worlds"]
 
 # any: all of them; sequence-parallel: DP > 1 and TP > 1 (use_sequence_parallel_moe);
 # dp-only: TP = 1; dp-padding: every DP rank padded to the largest (CUDA graphs across DP);

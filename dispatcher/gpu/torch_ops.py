@@ -63,8 +63,6 @@ def typed(rows: torch.Tensor, name: str) -> torch.Tensor:
 def to_torch_rows(arrays, device) -> list:
     """numpy [n, ...] arrays of any dtype -> their bytes as uint8 [n, row_bytes] tensors on
     ``device``, moved in one copy (pinned when the device is a GPU)."""
-    import numpy as np
-
     rows = [np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], a.itemsize * int(np.prod(a.shape[1:])))
             for a in arrays]
     flat = np.concatenate([r.reshape(-1) for r in rows]) if rows else np.zeros(0, np.uint8)

@@ -11,9 +11,7 @@ every rank's dispatch() sees the whole world (MoE shapes included), never a rebu
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections import OrderedDict
-import logging
 import inspect
 import sys
 import types
@@ -27,7 +25,7 @@ from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..wheels import companion_function
+from ..wheels import companion_function, exec_engine_file
 from . import fetch
 from .standins import (Hooks, LaunchRecord, Launched, RoutedAround, StandardTopKOutput, _Group,
                        _State, current, mlp_tp_gather, stand_in_globals, stand_in_modules)
@@ -303,17 +301,7 @@ def load_release(path, label: Optional[str] = None, real_flashinfer: bool = Fals
     if (digest, real_flashinfer) in _LOADED:
         return _LOADED[digest, real_flashinfer]
     name = f"_a2a_gate_sglang_{digest[:16]}{'_real' if real_flashinfer else ''}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        with _sandbox(real_flashinfer):
-            spec.loader.exec_module(module)
-    except ImportError:
-        raise  # a name the stand-ins lack: its message names it
-    except Exception as exc:
-        raise fetch.ReleaseError(f"sglang:{path}: loading it raised {type(exc).__name__}: "
-                                 f"{exc}") from exc
-    logging.getLogger(name).setLevel(logging.ERROR)  # e.g. "No tokens on this DP worker"
+    module = exec_engine_file(path, name, _sandbox(real_flashinfer), "sglang")
     if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
         raise fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
                                  f"not SGLang's token_dispatcher/flashinfer.py")

@@ -23,9 +23,7 @@ How a world becomes vLLM's inputs (docs/vllm.md has the source lines):
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
-import logging
 import sys
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -37,13 +35,13 @@ from unittest import mock
 from ..model.vllm_world import as_vllm_world, not_producible
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..wheels import ReleaseError, companion_function, sha256
+from ..wheels import ReleaseError, companion_function, exec_engine_file, sha256
 from . import fetch
 from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, compute_sp_fallback,
                        current, stand_in_modules)
 
 __all__ = ["SIDES", "Outcome", "VLLMRelease", "BoundVLLMStep", "VLLMError", "load_release",
-           "release_from_spec", "not_producible"]
+           "release_from_spec"]
 
 SIDES = {"one-sided": "FlashInferNVLinkOneSidedPrepareAndFinalize",
          "two-sided": "FlashInferNVLinkTwoSidedPrepareAndFinalize"}
@@ -155,13 +153,16 @@ class VLLMRelease:
         return list(sizes)
 
     def _layer(self, world: World, rank: int, state: State):
-        """This rank's prepare/finalize object, built by its own ``__init__``."""
+        """This rank's prepare/finalize object, built by its own ``__init__`` (which
+        initialises the rank's all-to-all manager, kept with it and set on ``state``)."""
         moe = world.moe
         key = (world.ep_size, world.dp_size, rank, moe.hidden_size, moe.top_k, moe.num_experts,
                moe.payload, world.max_num_tokens)
         if key in self._instances:
             self._instances.move_to_end(key)
-            return self._instances[key]
+            layer, state.manager = self._instances[key]
+            return layer
+        state.manager = OneSidedManager(world, rank)
         if len(self._instances) >= self.MAX_INSTANCES:
             self._instances.popitem(last=False)
         hidden, scales = moe.payloads[0].bytes_per_token, (
@@ -180,7 +181,7 @@ class VLLMRelease:
                                f"{sorted(unknown)}, which this gate does not know how to fill")
         layer = cls(**{k: v for k, v in known.items() if k in takes})
         self._instances[key] = (layer, state.manager)
-        return self._instances[key]
+        return layer
 
     def _tensors(self, n: int, moe):
         import torch
@@ -195,43 +196,45 @@ class VLLMRelease:
                                  ids.view(n, moe.top_k))
         return self._inputs[key]
 
-    def outcome(self, world: World, rank: int, local_sizes="unset") -> Outcome:
+    def outcome(self, world: World, rank: int) -> Outcome:
         """Run this release's prepare() as EP rank ``rank`` of ``world``."""
         reason = not_producible(world, self.side)
         if reason:
             raise NotApplicable(reason)
-        if local_sizes == "unset":
-            local_sizes = self.local_sizes(world)
-        state = State(world, rank, local_sizes, OneSidedManager(world, rank))
-        token = current.set(state)
-        try:
-            with _sandbox():
-                try:
-                    layer, manager = self._layer(world, rank, state)
-                    state.manager = manager
-                    a1, weights, ids = self._tensors(world.rows_per_rank[rank], world.moe)
-                    args = dict(a1=a1, topk_weights=weights, topk_ids=ids,
-                                num_experts=world.moe.num_experts, expert_map=None,
-                                apply_router_weight_on_input=False,
-                                quant_config=QuantConfig(world.moe.payload),
-                                defer_input_quant=False)
-                    layer.prepare(**{k: v for k, v in args.items() if k in _params(type(layer).prepare)})
-                    return Outcome(error="prepare() returned without launching the all-to-all",
-                                   seen_local_sizes=state.seen_local_sizes)
-                except Launched as launched:
-                    return Outcome(launch=launched.record, seen_local_sizes=state.seen_local_sizes)
-                except ReleaseError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - vLLM's own verdict, reported as such
-                    return Outcome(error=f"{type(exc).__name__}: {exc}",
-                                   seen_local_sizes=state.seen_local_sizes)
-        finally:
-            current.reset(token)
+        with _sandbox():
+            return self._run_rank(world, rank, self.local_sizes(world))
 
     def step(self, world: World) -> List[Outcome]:
-        sizes = self.local_sizes(world) if not not_producible(world, self.side) else None
+        """Every EP rank's outcome for one step (the stand-ins entered, the sizes made once)."""
+        reason = not_producible(world, self.side)
+        if reason:
+            raise NotApplicable(reason)
+        sizes = self.local_sizes(world)
         with _sandbox():
-            return [self.outcome(world, r, sizes) for r in range(world.ep_size)]
+            return [self._run_rank(world, r, sizes) for r in range(world.ep_size)]
+
+    def _run_rank(self, world: World, rank: int, local_sizes) -> Outcome:
+        state = State(world, rank, local_sizes)
+        token = current.set(state)
+        try:
+            layer = self._layer(world, rank, state)
+            a1, weights, ids = self._tensors(world.rows_per_rank[rank], world.moe)
+            args = dict(a1=a1, topk_weights=weights, topk_ids=ids,
+                        num_experts=world.moe.num_experts, expert_map=None,
+                        apply_router_weight_on_input=False,
+                        quant_config=QuantConfig.of(world.moe.payload), defer_input_quant=False)
+            layer.prepare(**{k: v for k, v in args.items() if k in _params(type(layer).prepare)})
+            return Outcome(error="prepare() returned without launching the all-to-all",
+                           seen_local_sizes=state.seen_local_sizes)
+        except Launched as launched:
+            return Outcome(launch=launched.record, seen_local_sizes=state.seen_local_sizes)
+        except ReleaseError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - vLLM's own verdict, reported as such
+            return Outcome(error=f"{type(exc).__name__}: {exc}",
+                           seen_local_sizes=state.seen_local_sizes)
+        finally:
+            current.reset(token)
 
 
 @functools.lru_cache(maxsize=None)
@@ -311,23 +314,13 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
     digest = sha256(path)
     if digest in _LOADED:
         return _LOADED[digest]
-    name = f"_a2a_gate_vllm_{digest[:16]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        with _sandbox():
-            spec.loader.exec_module(module)
-    except ImportError:
-        raise  # a name the stand-ins lack: its message names it
-    except Exception as exc:
-        raise ReleaseError(f"vllm:{path}: loading it raised {type(exc).__name__}: {exc}") from exc
-    logging.getLogger(name).setLevel(logging.ERROR)
+    module = exec_engine_file(path, f"_a2a_gate_vllm_{digest[:16]}", _sandbox(), "vllm")
     side = next((s for s, cls in SIDES.items() if isinstance(getattr(module, cls, None), type)), None)
     if side is None:
         raise ReleaseError(f"vllm:{path} defines neither {' nor '.join(SIDES.values())}: it is "
                            f"not vLLM's FlashInfer NVLink prepare/finalize file")
     forward_context = None
-    root = fetch.PACKAGE.root_of(path) or _root_by_name(path)
+    root = fetch.PACKAGE.root_of(path)
     if root is not None and (root / fetch.FORWARD_CONTEXT).is_file():
         forward_context = root / fetch.FORWARD_CONTEXT
     import torch
@@ -338,13 +331,6 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
                           split or compute_sp_fallback)
     _LOADED[digest] = release
     return release
-
-
-def _root_by_name(path: Path) -> Optional[Path]:
-    for rel in fetch.TWO_SIDED:
-        if path.as_posix().endswith("/" + rel):
-            return path.parents[len(Path(rel).parts) - 1]
-    return None
 
 
 def release_from_spec(target: str) -> VLLMRelease:

@@ -41,7 +41,7 @@ class State:
     world: World
     rank: int
     local_sizes: object  # what dp_metadata.get_chunk_sizes_across_dp_rank() returns; None: no DP metadata
-    manager: "OneSidedManager"
+    manager: "OneSidedManager" = None  # this rank's, set when its layer is built or reused
     seen_local_sizes: object = "not read"
 
 
@@ -175,6 +175,12 @@ class QuantConfig:
 
     def __getattr__(self, name):
         raise AttributeError(f"the quant config stand-in has no {name!r}")
+
+    @classmethod
+    @functools.lru_cache(maxsize=None)
+    def of(cls, payload: str) -> "QuantConfig":
+        """One per payload format (prepare() only reads it)."""
+        return cls(payload)
 
 
 def moe_kernel_quantize_input(a1, gscale=None, quant_dtype=None, *a, **k):

@@ -9,7 +9,8 @@ from hypothesis import event, given  # noqa: E402
 
 from dispatcher.model.properties import check_all, rule_values  # noqa: E402
 from dispatcher.policies import PolicyError, load_policy  # noqa: E402
-from dispatcher.vllm.loader import VLLMRelease, not_producible  # noqa: E402
+from dispatcher.model.vllm_world import not_producible  # noqa: E402
+from dispatcher.vllm.loader import VLLMRelease  # noqa: E402
 from dispatcher.vllm.verdicts import RELEASES  # noqa: E402
 from strategies import vllm_worlds  # noqa: E402
 
