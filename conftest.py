@@ -9,6 +9,7 @@ HYPOTHESIS_PROFILE         dev (default) | ci | thorough | gpu | repro
 from __future__ import annotations
 
 import os
+import sys
 
 # Each xdist worker is one process of many: one thread each for numpy's BLAS, OpenMP and
 # torch, or N workers x N threads fight over the cores (set before numpy/torch load).
@@ -17,6 +18,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(_var, "1")
 
 import pytest  # noqa: E402
+
+
+def _leave_hypothesis_unrewritten() -> None:
+    """pytest rewrites the asserts of every installed package that ships a pytest plugin,
+    Hypothesis's ~80 modules included, and caches nothing under PYTHONDONTWRITEBYTECODE=1
+    (set in many CI images): then every pytest process (the xdist controller, each worker,
+    each pytester run) compiles Hypothesis again, about 1.3 s of CPU. Hypothesis's own
+    asserts are internal invariants, plain Python asserts outside pytest; the tests' asserts
+    are still rewritten. Done before Hypothesis is first imported, which is here."""
+    from _pytest.assertion.rewrite import AssertionRewritingHook
+
+    for finder in sys.meta_path:
+        if isinstance(finder, AssertionRewritingHook) and "hypothesis" not in sys.modules:
+            getattr(finder, "_must_rewrite", set()).discard("hypothesis")
+            getattr(finder, "_marked_for_rewrite_cache", {}).clear()
+
+
+_leave_hypothesis_unrewritten()
 from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
 
 from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
@@ -92,11 +111,13 @@ def pytest_report_header(config):
 _UNAVAILABLE = pytest.StashKey[str]()
 
 
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, which reads the marks too early
 def pytest_collection_modifyitems(config, items):
     """GPU work is scheduled by resource (``--dist=loadgroup``): the single-GPU tier's tests
     share one xdist worker (one CUDA context, its workspaces), the rank pools' tests another
     (one set of rank processes, never driven by two workers at once); the two groups run
-    side by side with the CPU tests."""
+    side by side with the CPU tests. Tests that share a recorded search carry their own
+    ``xdist_group`` mark, so one worker records it once."""
     for item in items:
         if "multi_gpu" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("gpu-rank-pools"))
@@ -105,6 +126,27 @@ def pytest_collection_modifyitems(config, items):
         else:
             continue
         item.stash[_UNAVAILABLE] = flashinfer_missing()
+    if getattr(config.option, "loadgroup", False):  # set in xdist workers under loadgroup
+        for item in items:
+            _join_xdist_group(item)
+
+
+def _join_xdist_group(item) -> None:
+    """Give ``item`` the ``nodeid@group`` form xdist's loadgroup scheduler reads. xdist adds it
+    in its own collection hook, which runs before this file's (marks added here would be
+    missed) and, on pytest >= 9.2, writes an attribute pytest no longer reads
+    (pytest-dev/pytest-xdist#1386): either way the group was silently ignored. The group
+    name is xdist's: the sorted names of every ``xdist_group`` mark, joined by ``_``."""
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    if not names or item.nodeid.endswith("@" + "_".join(names)):
+        return
+    nodeid = f"{item.nodeid}@{'_'.join(names)}"
+    if hasattr(item, "_id"):  # pytest >= 9.2: nodeid is str(item._id)
+        from _pytest.nodeid import NodeId
+        item._id = NodeId.parse(nodeid)
+    else:
+        item._nodeid = nodeid
 
 
 def pytest_runtest_setup(item):

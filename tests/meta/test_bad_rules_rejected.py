@@ -74,6 +74,7 @@ def test_undersized_rule_corrupts_the_emulated_a2a():
     assert rt.events and rt.mismatched_ranks()
 
 
+@pytest.mark.xdist_group("worlds-500")  # one worker records the search once (--dist=loadgroup)
 @pytest.mark.parametrize("column", properties.COLUMNS)
 def test_shipped_rule_has_no_counterexample(column):
     """The 500 worlds assert_no_examples would search, read once for every column."""

@@ -47,6 +47,10 @@ EXPECTED_PROPERTIES = {
     "0.5.23": set(),
 }
 CLASS_EXAMPLES = 150  # per cell: a failing cell is found within a few dozen steps
+# The cells that read one recorded search run on one xdist worker (--dist=loadgroup), which
+# records it once; spread over the workers, each worker would generate the same search again.
+ONE_SEARCH_PER_CLASS = [pytest.param(key, marks=pytest.mark.xdist_group(f"sglang-steps-{key}"))
+                        for key in BUG_CLASSES]
 
 # The first release that ships each class, and the shrunk step it fails on (measured).
 FIRST_SEEN = {
@@ -96,7 +100,7 @@ def test_the_tables_cover_every_release_and_class():
 
 
 @pytest.mark.parametrize("version", RELEASES)
-@pytest.mark.parametrize("key", list(BUG_CLASSES))
+@pytest.mark.parametrize("key", ONE_SEARCH_PER_CLASS)
 def test_release_ships_exactly_its_bug_classes(releases, version, key):
     """Every cell of the class table. A shipped class must be found (not shrunk here: the
     pinned test below reads the shrunk example), a fixed one must not."""
@@ -136,6 +140,7 @@ def test_cuda_graph_bucket_regression_and_fix(releases):
     assert releases["0.5.16"].replay_world(world, ctx).group_tokens == (2, 2)
 
 
+@pytest.mark.xdist_group("sglang-property-table")  # one search of worlds() for every cell
 @pytest.mark.parametrize("version", list(EXPECTED_PROPERTIES))
 @pytest.mark.parametrize("column", COLUMNS)
 def test_release_property_verdict(releases, version, column):

@@ -1,0 +1,63 @@
+"""How the suite runs under ``pytest -n auto``. Its scheduling holds in a real ``pytest -n 2`` run: every test of one ``xdist_group``
+runs on one worker. The GPU tiers rely on it (the single-GPU tier's tests share one CUDA
+context, the rank pools are driven by one process), and the verdict tables record each search
+once per group. xdist's own grouping was silently lost twice (marks added by conftest.py come
+after xdist reads them; on pytest >= 9.2 its nodeid rewrite has no effect,
+pytest-dev/pytest-xdist#1386), so this runs the scheduler, not a model of it. And each pytest process starts without
+compiling Hypothesis again (conftest.py leaves it out of assert rewriting)."""
+import re
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = '''
+import pytest
+
+@pytest.mark.parametrize("i", [pytest.param(i, marks=pytest.mark.xdist_group(f"search-{i % 2}"))
+                               for i in range(8)])
+def test_cell(i):
+    pass
+
+@pytest.mark.parametrize("i", range(8))
+def test_free(i):
+    pass
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(4))
+def test_single_gpu(i):
+    pass
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("i", range(4))
+def test_pool(i):
+    pass
+'''
+
+
+def test_each_group_runs_on_one_worker(pytester):
+    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makepyfile(test_groups=TESTS)
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: x\n    multi_gpu: x\n")
+    result = pytester.runpytest_subprocess("-n", "2", "--dist=loadgroup", "-v",
+                                           "-p", "no:cacheprovider", timeout=120)
+    ran = re.findall(r"^\[(gw\d)\] \[\s*\d+%\] \w+ (\S+)", result.stdout.str(), re.M)
+    assert len(ran) == 24, result.stdout.str()[-3000:]
+    workers = defaultdict(set)
+    for worker, nodeid in ran:
+        group = nodeid.rpartition("@")[2] if "@" in nodeid else None
+        workers[group].add(worker)
+        if "test_single_gpu" in nodeid:
+            assert group == "gpu-single", nodeid
+        if "test_pool" in nodeid:
+            assert group == "gpu-rank-pools", nodeid
+    assert set(workers) == {None, "search-0", "search-1", "gpu-single", "gpu-rank-pools"}
+    for group, used in workers.items():
+        assert group is None or len(used) == 1, f"group {group} ran on workers {sorted(used)}"
+
+
+def test_hypothesis_is_imported_plain_and_the_tests_rewritten():
+    from _pytest.assertion.rewrite import AssertionRewritingHook
+    import hypothesis.core
+
+    assert isinstance(__loader__, AssertionRewritingHook)  # noqa: F821 - this module's loader
+    assert not isinstance(hypothesis.core.__loader__, AssertionRewritingHook)
