@@ -8,6 +8,7 @@ comes from here; the GPU tier checks ``workspace_size_per_rank`` against FlashIn
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Tuple
 
@@ -103,6 +104,7 @@ class AuxOffsets:
     payload_data: int  # == aux size
 
 
+@functools.lru_cache(maxsize=4096)  # pure; asked once per rank a dispatcher is constructed for
 def aux_offsets(ep_size: int, max_num_tokens: int, eplb_stats_num_experts: int = 0) -> AuxOffsets:
     """``calculateOffsets`` from trtllm_moe_alltoall.cu."""
     o = 0

@@ -76,6 +76,13 @@ def mlp_tp_gather() -> bool:
     fn = s.hooks.require_mlp_tp_gather
     if fn is None:
         return s.world.dp_attention
+    return _mlp_tp_gather(fn, s.world, s.ctx)
+
+
+@functools.lru_cache(maxsize=1024)
+def _mlp_tp_gather(fn, world: World, ctx: SGLangContext) -> bool:
+    """The release's answer for one step's server args (a function of the world and context
+    alone, the same on every rank), asked by the first rank that needs it."""
     return bool(fn(_server_args()) if _takes_server_args(fn) else fn())
 
 
