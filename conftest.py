@@ -114,16 +114,15 @@ _UNAVAILABLE = pytest.StashKey[str]()
 @pytest.hookimpl(trylast=True)  # after xdist's own hook, which reads the marks too early
 def pytest_collection_modifyitems(config, items):
     """GPU work is scheduled by resource (``--dist=loadgroup``): the single-GPU tier's tests
-    share one xdist worker (one CUDA context, its workspaces), the rank pools' tests another
-    (one set of rank processes, never driven by two workers at once); the two groups run
-    side by side with the CPU tests. Tests that share a recorded search carry their own
-    ``xdist_group`` mark, so one worker records it once."""
+    share one xdist worker (one CUDA context, its workspaces); the tests of each rank pool
+    carry that pool's group (tests/multi_gpu/conftest.py), so each pool is started by one
+    worker and the pools run side by side with the single-GPU tier and the CPU tests. Tests
+    that share a recorded search carry their own ``xdist_group`` mark, so one worker
+    records it once."""
     for item in items:
-        if "multi_gpu" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("gpu-rank-pools"))
-        elif "gpu" in item.keywords:
+        if item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.xdist_group("gpu-single"))
-        else:
+        elif not item.get_closest_marker("multi_gpu"):
             continue
         item.stash[_UNAVAILABLE] = flashinfer_missing()
     if getattr(config.option, "loadgroup", False):  # set in xdist workers under loadgroup

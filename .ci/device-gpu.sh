@@ -42,7 +42,7 @@ for s in $STEPS; do case $s in
   speed) for i in 1 2 3; do
          step "speed-$i" 150 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes 2 4 --out $R/gpu_speed_$i.json
        done ;;
-  wall) step wall 420 python3 benchmarks/suite_wall.py --runs 3 --profile gpu --out $R/suite_wall_gpu.json -- --require-gpus ;;
+  wall) step wall 420 python3 benchmarks/suite_wall.py --runs 3 --profile gpu --out $R/suite_wall_gpu.json --log-dir $R/wall-runs -- --require-gpus --durations=30 ;;
   ttft) step ttft 300 python3 benchmarks/ttft.py --out $R/ttft ;;
 esac; done
 tar -C $R -czf $OUT/results.tgz . && ls -la $OUT

@@ -23,12 +23,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_run(profile: str, args: list, timeout: float) -> dict:
+def one_run(profile: str, args: list, timeout: float, log: Path = None) -> dict:
     env = {**os.environ, "HYPOTHESIS_PROFILE": profile}
     cmd = [sys.executable, "-m", "pytest", "-n", "auto", "-q", "-rf", "-p", "no:cacheprovider", *args]
     t = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t
+    if log is not None:
+        log.write_text(done.stdout + done.stderr)
     lines = [ln for ln in done.stdout.strip().splitlines() if ln.strip()]
     failed = [ln for ln in lines if ln.startswith("FAILED ")]
     return {"wall_s": round(wall, 1), "exit": done.returncode, "summary": lines[-1] if lines else "",
@@ -42,11 +44,16 @@ def main() -> int:
     ap.add_argument("--profile", default="ci")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--out", help="write the figures here (JSON)")
+    ap.add_argument("--log-dir", help="keep each run's whole pytest output here (run-N.log)")
     ap.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
     a = ap.parse_args()
     runs = []
+    logs = Path(a.log_dir) if a.log_dir else None
+    if logs:
+        logs.mkdir(parents=True, exist_ok=True)
     for i in range(a.runs):
-        runs.append(one_run(a.profile, a.pytest_args, a.timeout))
+        runs.append(one_run(a.profile, a.pytest_args, a.timeout,
+                            logs / f"run-{i + 1}.log" if logs else None))
         print(f"run {i + 1}: {runs[-1]['wall_s']} s  {runs[-1]['summary']}", flush=True)
     walls = [r["wall_s"] for r in runs]
     figures = {

@@ -12,6 +12,10 @@ rank, a timeout, a dead CUDA context or a Python error on a rank fails that exam
 pool is rebuilt (once: a pool that cannot start raises ``PoolStartFailed`` with the rank's
 own words). Each rank's stderr goes to a log whose tail is quoted when the rank dies, so a
 CUDA fault's text is never lost; ranks exit by themselves when their parent is gone.
+
+Ranks are forked from a ``forkserver`` that has imported torch once (CUDA is never initialised
+in it): a spawned rank paid the interpreter and torch imports on every start, a rebuild too.
+The ready line says where a start's seconds went (the slowest rank's phases).
 """
 from __future__ import annotations
 
@@ -77,23 +81,40 @@ def _is_cuda_fault(exc: BaseException, text: str) -> bool:
     return type(exc).__name__ == "AcceleratorError" or "CUDA error" in text or "illegal" in text
 
 
+# What the forkserver imports once, before any rank is forked from it (nothing here touches
+# CUDA: a forked child of a process with a CUDA context could not use CUDA).
+PRELOAD = ["torch", "torch.distributed", __name__]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes: int,
-            max_combine_bytes: int, log: str, parent: int, inbox, outbox):
+            max_combine_bytes: int, log: str, parent: int, inbox, outbox, sent_at: float):
+    phases = {"process": time.time() - sent_at}  # from the parent's start() to here
+    server = os.getppid()  # the forkserver, which exits when the parent does
     env.apply()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 2)  # C++/CUDA messages too
     try:
-        state = _start_rank(rank, ep_size, port, n_gpus)
+        state = _start_rank(rank, ep_size, port, n_gpus, phases)
     except Exception as exc:  # noqa: BLE001 - reported to the parent with its text
         outbox.put(("startup", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
-    outbox.put(("ready", rank, state["backend"]))
+    outbox.put(("ready", rank, (state["backend"], phases)))
     while True:
         try:
             msg = inbox.get(timeout=1.0)
         except queue.Empty:
-            if os.getppid() != parent:  # the pytest worker is gone: free the GPU
-                return
+            if os.getppid() != server or not _alive(parent):  # the pytest worker is gone
+                return  # free the GPU
             continue
         if msg is None:
             return
@@ -120,7 +141,7 @@ def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes:
             return
 
 
-def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int) -> dict:
+def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict) -> dict:
     import datetime
 
     import torch
@@ -128,13 +149,23 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int) -> dict:
 
     from .flashinfer import metainfo_index
 
+    def phase(name, t0):
+        phases[name] = time.perf_counter() - t0
+        return time.perf_counter()
+
+    t = time.perf_counter()
     torch.cuda.set_device(rank % n_gpus)
+    torch.cuda.init()
+    t = phase("cuda", t)
     backend = "nccl" if ep_size <= n_gpus else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=ep_size, timeout=datetime.timedelta(seconds=120),
                             device_id=torch.device("cuda", rank % n_gpus) if backend == "nccl" else None)
     cpu = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
-    return {"backend": backend, "cpu": cpu, "index": metainfo_index(), "a2as": {},
+    t = phase("process group", t)
+    index = metainfo_index()
+    phase("flashinfer", t)
+    return {"backend": backend, "cpu": cpu, "index": index, "a2as": {},
             "policies": {}, "engines": {}, "example": {}}
 
 
@@ -296,26 +327,30 @@ class RankPool:
         self._start()
 
     def _start(self):
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first pool
         self._out = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(self.ep_size)]
         port = env.free_port()
+        t, sent_at = time.monotonic(), time.time()
         self._procs = [ctx.Process(
             target=_worker, daemon=True, name=f"ep-rank-{r}",
             args=(r, self.ep_size, port, self.n_gpus, self.max_dispatch_bytes,
                   self.max_combine_bytes, str(self._log(r)), os.getpid(), self._inboxes[r],
-                  self._out)) for r in range(self.ep_size)]
+                  self._out, sent_at)) for r in range(self.ep_size)]
         for p in self._procs:
             p.start()
-        t = time.monotonic()
         try:
             ready = self._collect(self.start_timeout, "start")
         except RankPoolError as exc:
-            self.close()
+            self.close(graceful=False)  # the others may wait in init for the failed rank
             raise PoolStartFailed(f"the {self.ep_size}-rank pool could not start: {exc}") from exc
-        self.backend = ready[0]
+        self.backend = ready[0][0]
+        slowest = {k: max(r[1][k] for r in ready) for k in ready[0][1]}
         print(f"[rank pool] {self.ep_size} ranks on {self.n_gpus} GPU(s), {self.backend}, "
-              f"ready in {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
+              f"ready in {time.monotonic() - t:.1f} s ("
+              + ", ".join(f"{k} {v:.1f}" for k, v in slowest.items()) + ")",
+              file=sys.stderr, flush=True)
 
     def _log(self, rank: int) -> Path:
         return self._logs / f"rank{rank}.log"
@@ -399,18 +434,20 @@ class RankPool:
             raise
 
     def _rebuild(self):
-        self.close()
+        self.close(graceful=False)  # a rank may be stuck in a collective with a dead peer
         self.restarts += 1
         self._start()
 
-    def close(self):
-        for box in self._inboxes:
+    def close(self, graceful: bool = True):
+        """Ask the ranks to exit (each gets 10 s), or kill them at once (``graceful=False``)."""
+        for box in self._inboxes if graceful else ():
             try:
                 box.put(None)
             except (OSError, ValueError):
                 pass
         for p in self._procs:
-            p.join(timeout=10)
+            if graceful:
+                p.join(timeout=10)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)

@@ -1,7 +1,7 @@
 """How the suite runs under ``pytest -n auto``. Its scheduling holds in a real ``pytest -n 2`` run: every test of one ``xdist_group``
 runs on one worker. The GPU tiers rely on it (the single-GPU tier's tests share one CUDA
-context, the rank pools are driven by one process), and the verdict tables record each search
-once per group. xdist's own grouping was silently lost twice (marks added by conftest.py come
+context, each rank pool is started and driven by one process), and the verdict tables record
+each search once per group. xdist's own grouping was silently lost twice (marks added by conftest.py come
 after xdist reads them; on pytest >= 9.2 its nodeid rewrite has no effect,
 pytest-dev/pytest-xdist#1386), so this runs the scheduler, not a model of it. And each pytest process starts without
 compiling Hypothesis again (conftest.py leaves it out of assert rewriting)."""
@@ -28,6 +28,7 @@ def test_single_gpu(i):
     pass
 
 @pytest.mark.multi_gpu
+@pytest.mark.xdist_group("rank-pool-2-shared")
 @pytest.mark.parametrize("i", range(4))
 def test_pool(i):
     pass
@@ -49,8 +50,8 @@ def test_each_group_runs_on_one_worker(pytester):
         if "test_single_gpu" in nodeid:
             assert group == "gpu-single", nodeid
         if "test_pool" in nodeid:
-            assert group == "gpu-rank-pools", nodeid
-    assert set(workers) == {None, "search-0", "search-1", "gpu-single", "gpu-rank-pools"}
+            assert group == "rank-pool-2-shared", nodeid
+    assert set(workers) == {None, "search-0", "search-1", "gpu-single", "rank-pool-2-shared"}
     for group, used in workers.items():
         assert group is None or len(used) == 1, f"group {group} ran on workers {sorted(used)}"
 

@@ -1,14 +1,23 @@
-"""The rank pools, one per ep_size, started once per session (per xdist worker: all
-multi_gpu tests share one worker, so no two processes drive the same pool)."""
+"""The rank pools, one per ep_size, started once per session in each xdist worker. Tests that
+drive a pool carry its group (``on_pool``), so under ``--dist=loadgroup`` every test of one pool
+runs in the one worker that started it, and the pools of different groups run side by side
+on the GPUs (each pool its own processes, port and workspaces)."""
 import pytest
 
 from dispatcher.gpu.env import gpu_count
 
 
+def on_pool(ep_size: int, use: str = "shared"):
+    """The xdist group of the tests that drive the ``ep_size`` pool: ``shared`` for the tests
+    that leave it healthy, another name for tests that kill or rebuild their own copy."""
+    return pytest.mark.xdist_group(f"rank-pool-{ep_size}-{use}")
+
+
 def ep_sizes():
-    """2 ranks, and 4 where there are at least 2 GPUs (ranks share GPUs over gloo)."""
+    """2 ranks, and 4 where there are at least 2 GPUs (ranks share GPUs over gloo), each
+    with its pool's group."""
     n = max(1, gpu_count())
-    return [w for w in (2, 4) if w <= 2 * n]
+    return [pytest.param(w, marks=on_pool(w)) for w in (2, 4) if w <= 2 * n]
 
 
 @pytest.fixture(scope="session")

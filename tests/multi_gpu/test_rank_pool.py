@@ -8,7 +8,7 @@ from dispatcher.model import properties
 from dispatcher.model.world import MoeConfig, World
 from strategies import pool_worlds
 
-from .conftest import ep_sizes
+from .conftest import ep_sizes, on_pool
 
 pytestmark = pytest.mark.multi_gpu
 
@@ -27,6 +27,7 @@ def test_pool_round_trip(ep_size, pools, policy, policy_spec):
     run()
 
 
+@on_pool(2, "shared")
 def test_undersized_caught_through_real_kernels(pools):
     from dispatcher.gpu.rank_pool import RemoteMismatch
 
@@ -38,6 +39,7 @@ def test_undersized_caught_through_real_kernels(pools):
     pool.run(world, "dispatcher.sizing:ideal_rule")  # the pool is still healthy
 
 
+@on_pool(2, "shared")
 def test_validation_refuses_before_any_kernel(pools):
     from dispatcher.gpu.rank_pool import RemoteSizingError
 
@@ -48,6 +50,7 @@ def test_validation_refuses_before_any_kernel(pools):
     pool.run(world, "dispatcher.sizing:ideal_rule")
 
 
+@on_pool(2, "rebuilt")
 def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt(pools):
     from dispatcher.gpu.rank_pool import RankCrashed
 
@@ -61,6 +64,7 @@ def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt(pools):
     pool.run(world, "dispatcher.sizing:ideal_rule")
 
 
+@on_pool(2, "rebuilt")
 def test_a_python_error_on_a_rank_rebuilds_the_pool(pools):
     """FlashInfer's own assert (runtime over the cap, validation bypassed) is a Python error
     on every rank: the example fails with it, and the pool is rebuilt, never left with ranks

@@ -15,7 +15,7 @@ from dispatcher.model import properties
 from dispatcher.model.world import MoeConfig, World
 from strategies import GPU_SHAPES, sglang_pool_worlds
 
-from .conftest import ep_sizes
+from .conftest import ep_sizes, on_pool
 
 pytestmark = pytest.mark.multi_gpu
 
@@ -69,6 +69,7 @@ def test_an_undersized_release_is_caught_through_the_real_kernels():
         pool.close()
 
 
+@on_pool(2)
 def test_the_agreement_refuses_an_undersized_sglang_runtime_before_any_kernel(pools):
     from dispatcher.gpu.rank_pool import RemoteSizingError
 
