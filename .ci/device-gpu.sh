@@ -39,7 +39,10 @@ for s in $STEPS; do case $s in
   bad) for pol in prefix_rule dispatcher.mutants:undersized; do
          step "bad-${pol##*:}" 90 $py -m "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip and 2" --policy=$pol --timeout=80
        done ;;
-  speed) for i in 1 2 3; do
+  speed) for i in 1 2 3; do  # the host's state before each run: GPU clocks and power state, CPU MHz
+         { nvidia-smi --query-gpu=index,pstate,clocks.sm,clocks.max.sm,persistence_mode --format=csv,noheader
+           awk -F: '/MHz/ {s+=$2; n++} END {printf "cpu MHz mean %.0f over %d cores\n", s/n, n}' /proc/cpuinfo
+         } > $R/host-before-speed-$i.log 2>&1
          step "speed-$i" 150 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes 2 4 --out $R/gpu_speed_$i.json
        done ;;
   wall) step wall 420 python3 benchmarks/suite_wall.py --runs 3 --profile gpu --out $R/suite_wall_gpu.json --log-dir $R/wall-runs -- --require-gpus --durations=30 ;;
