@@ -37,6 +37,7 @@ __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankT
            "RemoteError"]
 
 GRACE_S = 5.0  # once one rank has failed, how long the others get to answer
+PROFILE_ENV = "A2A_GATE_PROFILE_RANKS"  # a directory: each rank writes its cProfile there
 
 
 class RankPoolError(AssertionError):
@@ -109,6 +110,24 @@ def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes:
         outbox.put(("startup", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
     outbox.put(("ready", rank, (state["backend"], phases)))
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if not profile_dir:
+        return _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent,
+                      server, inbox, outbox)
+    import cProfile  # where a rank's time goes: one file per rank process, written as it exits
+
+    profiler = cProfile.Profile()
+    try:
+        profiler.runcall(_serve, state, rank, ep_size, max_dispatch_bytes, max_combine_bytes,
+                         parent, server, inbox, outbox)
+    finally:
+        profiler.dump_stats(os.path.join(profile_dir, f"rank{rank}-{os.getpid()}.prof"))
+
+
+def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, server, inbox,
+           outbox):
+    """Run the examples the parent sends until it sends None, a rank fails hard, or the
+    parent is gone."""
     while True:
         try:
             msg = inbox.get(timeout=1.0)

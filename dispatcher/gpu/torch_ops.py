@@ -62,13 +62,12 @@ def typed(rows: torch.Tensor, name: str) -> torch.Tensor:
 
 def to_torch_rows(arrays, device) -> list:
     """numpy [n, ...] arrays of any dtype -> their bytes as uint8 [n, row_bytes] tensors on
-    ``device``, moved in one copy (pinned when the device is a GPU)."""
+    ``device``, moved in one copy."""
     rows = [np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], a.itemsize * int(np.prod(a.shape[1:])))
             for a in arrays]
     flat = np.concatenate([r.reshape(-1) for r in rows]) if rows else np.zeros(0, np.uint8)
     host = torch.from_numpy(flat)
-    dev = host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" \
-        else host.to(device)
+    dev = host.to(device)  # a few KiB: pinning a fresh buffer (cudaHostAlloc) costs more
     out, at = [], 0
     for r in rows:
         out.append(dev[at:at + r.size].view(r.shape))
