@@ -94,7 +94,7 @@ def test_rank_processes_exit_when_their_parent_is_killed(tmp_path):
         "from dispatcher.gpu.env import gpu_count\n"
         "from dispatcher.gpu.rank_pool import RankPool\n"
         "from strategies import GPU_SHAPES\n"
-        "if __name__ == '__main__':  # ranks are spawned: they re-import this file\n"
+        "if __name__ == '__main__':  # a child process must not start a pool of its own\n"
         "    pool = RankPool(2, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,\n"
         "                    GPU_SHAPES.largest.combine_bytes)\n"
         "    print(' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
