@@ -1,10 +1,14 @@
-"""How the suite runs under ``pytest -n auto``. Its scheduling holds in a real ``pytest -n 2`` run: every test of one ``xdist_group``
-runs on one worker. The GPU tiers rely on it (the single-GPU tier's tests share one CUDA
-context, each rank pool is started and driven by one process), and the verdict tables record
-each search once per group. xdist's own grouping was silently lost twice (marks added by conftest.py come
-after xdist reads them; on pytest >= 9.2 its nodeid rewrite has no effect,
-pytest-dev/pytest-xdist#1386), so this runs the scheduler, not a model of it. And each pytest process starts without
-compiling Hypothesis again (conftest.py leaves it out of assert rewriting)."""
+"""How the suite runs under ``pytest -n auto``.
+
+Its scheduling holds in a real ``pytest -n 2`` run: every test of one ``xdist_group`` runs on
+one worker. The GPU tiers rely on it (the single-GPU tier's tests share one CUDA context, each
+rank pool is started and driven by one process), and the verdict tables record each search
+once per group. xdist's own grouping was silently lost (marks added by conftest.py come after
+xdist reads them; on pytest >= 9.2 its nodeid rewrite has no effect,
+pytest-dev/pytest-xdist#1386), so this runs the scheduler, not a model of it.
+
+And each pytest process starts without compiling Hypothesis again (conftest.py leaves it out
+of assert rewriting)."""
 import re
 from collections import defaultdict
 from pathlib import Path
