@@ -42,7 +42,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
 
 from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
-from dispatcher.policies import DEFAULT_POLICY, PolicyError, load_policy  # noqa: E402
+from dispatcher.policies import DEFAULT_POLICY, PolicyError, engine_spec, load_policy  # noqa: E402
 
 # --- Hypothesis profiles: registered once, chosen by HYPOTHESIS_PROFILE -------------------
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -80,6 +80,21 @@ def policy_spec(request):
 def policy(policy_spec):
     """The policy under test: a rule ``(RankView) -> int`` or an SGLang release."""
     return load_policy(policy_spec)[1]
+
+
+@pytest.fixture(scope="session")
+def engine_under_test(policy, policy_spec):
+    """``get(engine) -> (spec, release)``: what an engine's own tiers run (the ``--policy`` one
+    when it is that engine's, else its newest pinned release); skips where it cannot load."""
+    def get(engine: str):
+        spec = engine_spec(policy_spec, policy, engine)
+        if spec == policy_spec:
+            return spec, policy
+        try:
+            return spec, load_policy(spec)[1]
+        except PolicyError as exc:
+            pytest.skip(f"{engine} release unavailable: {exc}")
+    return get
 
 
 def pytest_configure(config):

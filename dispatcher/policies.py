@@ -19,7 +19,7 @@ from typing import Tuple
 from .mutants import MUTANTS
 from .sizing import KNOWN_BAD_RULES, Policy, ideal_rule
 
-__all__ = ["DEFAULT_POLICY", "NAMED", "PolicyError", "load_policy"]
+__all__ = ["DEFAULT_POLICY", "NAMED", "PolicyError", "load_policy", "engine_spec"]
 
 DEFAULT_POLICY = "dispatcher.sizing:ideal_rule"
 NAMED = {"ideal_rule": ideal_rule, **KNOWN_BAD_RULES, **MUTANTS}
@@ -64,3 +64,12 @@ def load_policy(spec: str) -> Tuple[str, Policy]:
     if not callable(obj):
         raise PolicyError(f"--policy {spec}: {attr!r} is not callable")
     return spec, obj
+
+
+def engine_spec(spec: str, policy, engine: str) -> str:
+    """What an engine's own tiers run: ``spec`` when the policy under test (``--policy``) is one
+    of ``engine``'s releases or checkouts, else that engine's newest pinned release."""
+    if getattr(policy, "engine", None) == engine:
+        return spec
+    pinned = importlib.import_module(f"dispatcher.{engine}.verdicts").RELEASES
+    return f"{engine}:{pinned[-1]}"

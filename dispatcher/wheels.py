@@ -21,11 +21,13 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
 __all__ = ["ReleaseError", "Package", "sha256", "companion_function", "exec_engine_file",
+           "reentrant",
            "fetch_main", "PIP_TIMEOUT_S"]
 
 PIP_TIMEOUT_S = 300
@@ -53,6 +55,26 @@ def companion_function(path: Path, name: str, namespace: Dict[str, object]) -> O
             exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
             return namespace[name]
     return None
+
+
+def reentrant(patches):
+    """An engine's sandbox, entered once however deeply its uses nest: ``patches(*args)`` (a
+    context manager putting the stand-ins in place) runs at the outermost level only, so a
+    step enters it once for all its ranks and each rank's call costs one check."""
+    depth = [0]
+
+    @contextmanager
+    def sandbox(*args, **kwargs):
+        if depth[0]:
+            yield
+            return
+        with patches(*args, **kwargs):
+            depth[0] += 1
+            try:
+                yield
+            finally:
+                depth[0] -= 1
+    return sandbox
 
 
 def exec_engine_file(path: Path, module_name: str, sandbox, spec_name: str):

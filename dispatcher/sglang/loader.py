@@ -25,7 +25,7 @@ from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..wheels import companion_function, exec_engine_file
+from ..wheels import companion_function, exec_engine_file, reentrant
 from . import fetch
 from .standins import (Hooks, LaunchRecord, Launched, RoutedAround, StandardTopKOutput, _Group,
                        _State, current, mlp_tp_gather, stand_in_globals, stand_in_modules)
@@ -54,9 +54,7 @@ class Outcome:
         return None if self.launch is None else self.launch.runtime
 
 
-_SANDBOX_DEPTH = [0]
-
-
+@reentrant
 @contextmanager
 def _sandbox(real_flashinfer: bool = False):
     """The stand-in modules, and torch's allocators sending "cuda" tensors to the CPU (old
@@ -64,10 +62,7 @@ def _sandbox(real_flashinfer: bool = False):
     and a recorder run must not initialise CUDA in every xdist worker of a GPU host).
     With ``real_flashinfer`` (the GPU pool) FlashInfer is real, tensors stay on the GPU and SGLang's
     ``torch.cuda.device_count()`` (its MNNVL ``gpus_per_node``) is the world's ep_size, the
-    pool's one node. Re-entrant: a step enters it once for all its ranks."""
-    if _SANDBOX_DEPTH[0]:
-        yield
-        return
+    pool's one node."""
     import torch
 
     def to_cpu(fn):
@@ -87,11 +82,7 @@ def _sandbox(real_flashinfer: bool = False):
             stack.enter_context(mock.patch.object(
                 torch.cuda, "device_count",
                 lambda: current.get().world.ep_size if current.get(None) else devices()))
-        _SANDBOX_DEPTH[0] += 1
-        try:
-            yield
-        finally:
-            _SANDBOX_DEPTH[0] -= 1
+        yield
 
 
 @dataclass(repr=False, eq=False)

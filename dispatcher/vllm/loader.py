@@ -35,7 +35,7 @@ from unittest import mock
 from ..model.vllm_world import as_vllm_world, not_producible
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..wheels import ReleaseError, companion_function, exec_engine_file, sha256
+from ..wheels import ReleaseError, companion_function, exec_engine_file, reentrant, sha256
 from . import fetch
 from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, compute_sp_fallback,
                        current, stand_in_modules)
@@ -71,24 +71,15 @@ def num_tokens_across_dp(world: World) -> List[int]:
     return [max(counts)] * len(counts) if world.max_len_padding else counts
 
 
-_SANDBOX_DEPTH = [0]
-
-
+@reentrant
 @contextmanager
 def _sandbox():
-    """The stand-in modules in ``sys.modules``; re-entrant (a step enters it once for all
-    its ranks: the two-sided file imports FlashInfer inside prepare())."""
-    if _SANDBOX_DEPTH[0]:
-        yield
-        return
+    """The stand-in modules in ``sys.modules`` (the two-sided file imports FlashInfer inside
+    prepare(), so calls run inside it too)."""
     import torch  # noqa: F401 - imported outside the patch, or restoring sys.modules drops it
 
     with mock.patch.dict(sys.modules, stand_in_modules()):
-        _SANDBOX_DEPTH[0] += 1
-        try:
-            yield
-        finally:
-            _SANDBOX_DEPTH[0] -= 1
+        yield
 
 
 @dataclass(repr=False, eq=False)

@@ -21,10 +21,8 @@ pytestmark = pytest.mark.multi_gpu
 
 
 @pytest.fixture(scope="session")
-def engine_spec(policy, policy_spec):
-    from dispatcher.sglang.verdicts import RELEASES
-
-    return policy_spec if getattr(policy, "engine", None) == "sglang" else f"sglang:{RELEASES[-1]}"
+def engine_spec(engine_under_test):
+    return engine_under_test("sglang")[0]
 
 
 @pytest.mark.parametrize("ep_size", ep_sizes())

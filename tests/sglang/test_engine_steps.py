@@ -10,22 +10,14 @@ pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip instal
                     "(the CPU build) or pip install -e '.[sglang]'")
 from hypothesis import event, given, reject  # noqa: E402
 
-from dispatcher.policies import PolicyError, load_policy  # noqa: E402
 from dispatcher.sglang.classes import BUG_CLASSES, check_step, describe_step  # noqa: E402
-from dispatcher.sglang.loader import SGLangRelease  # noqa: E402
-from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
 from strategies import sglang_steps  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def engine(policy):
+def engine(engine_under_test):
     """The SGLang file under test: the --policy one, else the newest pinned release."""
-    if isinstance(policy, SGLangRelease):
-        return policy
-    try:
-        return load_policy(f"sglang:{RELEASES[-1]}")[1]
-    except PolicyError as exc:
-        pytest.skip(f"SGLang release unavailable: {exc}")
+    return engine_under_test("sglang")[1]
 
 
 # The classes whose failure is an unsound launch (what this test checks); the others (the cap

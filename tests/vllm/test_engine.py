@@ -8,23 +8,16 @@ pytest.importorskip("torch", reason="vLLM's prepare() needs torch: pip install t
 from hypothesis import event, given  # noqa: E402
 
 from dispatcher.model.properties import check_all, rule_values  # noqa: E402
-from dispatcher.policies import PolicyError, load_policy  # noqa: E402
 from dispatcher.model.vllm_world import not_producible  # noqa: E402
-from dispatcher.vllm.loader import VLLMRelease  # noqa: E402
-from dispatcher.vllm.verdicts import RELEASES  # noqa: E402
 from strategies import vllm_worlds  # noqa: E402
 
 from .test_releases import EXPECTED  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def engine(policy):
-    if isinstance(policy, VLLMRelease):
-        return policy
-    try:
-        return load_policy(f"vllm:{RELEASES[-1]}")[1]
-    except PolicyError as exc:
-        pytest.skip(f"vLLM release unavailable: {exc}")
+def engine(engine_under_test):
+    """The vLLM file under test: the --policy one, else the newest pinned release."""
+    return engine_under_test("vllm")[1]
 
 
 @given(world=vllm_worlds("any"))
