@@ -35,7 +35,9 @@ for s in $STEPS; do case $s in
        done ;;
   vllm) step vllm-gpu 150 $py -m gpu tests/gpu --policy=vllm:0.33.0 --timeout=140   # vLLM's value, real kernels
         step vllm-multi 240 $py -m multi_gpu tests/multi_gpu/test_rank_pool.py -k pool_round_trip --policy=vllm:0.33.0 --timeout=230 ;;
-  profile) step profile 200 python3 -m cProfile -s tottime benchmarks/gpu_speed.py --examples 300 --pool-sizes ;;
+  profile) mkdir -p $R/prof  # each timed loop's cProfile, and each rank's (text beside the .prof)
+         A2A_GATE_PROFILE_RANKS=$R/prof step profile 200 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes 2 --profile $R/prof
+         for f in $R/prof/*.prof; do python3 -c "import pstats,sys; s=pstats.Stats(sys.argv[1]).strip_dirs(); s.sort_stats('tottime').print_stats(40); s.sort_stats('cumulative').print_stats(40)" $f > ${f%.prof}.txt; done ;;
   bad) for pol in prefix_rule dispatcher.mutants:undersized; do
          step "bad-${pol##*:}" 90 $py -m "gpu or multi_gpu" tests/gpu tests/multi_gpu -k "real_round_trip or pool_round_trip and 2" --policy=$pol --timeout=80
        done ;;

@@ -2,10 +2,13 @@
 (every rank in one process), examples/s of the multi-process rank pool, and examples/s of
 SGLang's own dispatch()/combine() end to end in the pool (the newest pinned release).
 
-    python benchmarks/gpu_speed.py --out gpu_speed.json [--pool-sizes 2 4]
+    python benchmarks/gpu_speed.py --out gpu_speed.json [--pool-sizes 2 4] [--profile DIR]
 
 Worlds are drawn by the tiers' own strategies (Hypothesis, derandomized) and each is run with
 every check the tests make; generation is included in the "with_generation" figures.
+``--profile DIR`` writes a cProfile of each timed loop (this process only; the ranks' own
+with ``A2A_GATE_PROFILE_RANKS=DIR``) as ``DIR/<figure>.txt``: the timed figures then include
+the profiler's overhead.
 """
 from __future__ import annotations
 
@@ -38,11 +41,35 @@ def draw(strategy, n):
     return out
 
 
-def timed(fn, items):
+PROFILE_DIR = None
+
+
+def timed(fn, items, name="loop"):
+    profiler = None
+    if PROFILE_DIR:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     t = time.perf_counter()
     for it in items:
         fn(it)
-    return len(items) / (time.perf_counter() - t)
+    rate = len(items) / (time.perf_counter() - t)
+    if profiler:
+        profiler.disable()
+        _write_profile(profiler, name)
+    return rate
+
+
+def _write_profile(profiler, name):
+    import io
+    import pstats
+
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text).strip_dirs()
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(45)
+    Path(PROFILE_DIR, f"{name}.txt").write_text(text.getvalue())
 
 
 def main():
@@ -50,7 +77,12 @@ def main():
     ap.add_argument("--examples", type=int, default=400)
     ap.add_argument("--pool-sizes", type=int, nargs="*", default=[2])
     ap.add_argument("--out")
+    ap.add_argument("--profile", metavar="DIR", help="write each timed loop's cProfile here")
     a = ap.parse_args()
+    global PROFILE_DIR
+    if a.profile:
+        PROFILE_DIR = a.profile
+        Path(a.profile).mkdir(parents=True, exist_ok=True)
     import torch
 
     from dispatcher.gpu.single import SingleGpuA2A
@@ -68,7 +100,7 @@ def main():
     for w in worlds[:20]:  # warm-up: module load, workspaces, streams
         one(w)
     figures["single_gpu_warmup_20_s"] = round(time.perf_counter() - t, 2)
-    figures["single_gpu_worlds_per_s"] = round(timed(one, worlds), 1)
+    figures["single_gpu_worlds_per_s"] = round(timed(one, worlds, "single_gpu"), 1)
     print(figures, flush=True)
     figures["single_gpu_worlds_per_s_with_generation"] = round(
         a.examples / _gen_and_run(one, a.examples), 1)
@@ -86,14 +118,14 @@ def main():
         for w in ws[:10]:
             pool.run(w, "dispatcher.sizing:ideal_rule")
         figures[f"pool_ep{ep}_{pool.backend}_examples_per_s"] = round(
-            timed(lambda w: pool.run(w, "dispatcher.sizing:ideal_rule"), ws), 1)
+            timed(lambda w: pool.run(w, "dispatcher.sizing:ideal_rule"), ws, f"pool_ep{ep}"), 1)
         sw = draw(sglang_pool_worlds(ep), a.examples)
         t = time.perf_counter()
         for w in sw[:24]:  # SGLang builds one MoeAlltoAll per (hidden, top_k, cap)
             pool.run_sglang(w, engine)
         figures[f"sglang_e2e_ep{ep}_warmup_24_s"] = round(time.perf_counter() - t, 1)
         figures[f"sglang_e2e_ep{ep}_{pool.backend}_examples_per_s"] = round(
-            timed(lambda w: pool.run_sglang(w, engine), sw), 1)
+            timed(lambda w: pool.run_sglang(w, engine), sw, f"sglang_e2e_ep{ep}"), 1)
         print(figures, flush=True)
         pool.close()
     print(json.dumps(figures, indent=2))

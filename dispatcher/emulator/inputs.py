@@ -131,15 +131,16 @@ def stand_in_moe(x: np.ndarray, expert_ids: np.ndarray, weights: np.ndarray, ep_
 
 def reference_outputs(world: World, inputs: List[RankInputs]) -> List[np.ndarray]:
     """What combine must return on each rank, computed without any all-to-all: one bf16
-    expert-output row per distinct target rank, summed in fp32, rounded to bf16."""
+    expert-output row per distinct target rank, summed in fp32, rounded to bf16 (every
+    rank's tokens in one pass: each row's answer depends on that row alone)."""
+    if not inputs:
+        return []
     W = world.ep_size
-    outs = []
-    for inp in inputs:
-        mine = inp.owners[:, :, None] == np.arange(W)  # [n, K, W]
-        s = (mine * (inp.weights * expert_scale(inp.expert_ids))[:, :, None]).sum(
-            axis=1, dtype=np.float32)  # [n, W]
-        y = from_bf16_bits(to_bf16_bits(inp.x[:, None, :] * s[:, :, None]))  # [n, W, H]
-        acc = (y * mine.any(axis=1)[:, :, None]).sum(axis=1, dtype=np.float32)
-        outs.append(from_bf16_bits(to_bf16_bits(acc)))
-    return outs
-
+    owners, ids, weights, x = (np.concatenate([getattr(i, name) for i in inputs])
+                               for name in ("owners", "expert_ids", "weights", "x"))
+    mine = owners[:, :, None] == np.arange(W)  # [n, K, W]
+    s = (mine * (weights * expert_scale(ids))[:, :, None]).sum(axis=1, dtype=np.float32)
+    y = from_bf16_bits(to_bf16_bits(x[:, None, :] * s[:, :, None]))  # [n, W, H]
+    acc = (y * mine.any(axis=1)[:, :, None]).sum(axis=1, dtype=np.float32)
+    out = from_bf16_bits(to_bf16_bits(acc))
+    return np.split(out, np.cumsum([i.x.shape[0] for i in inputs])[:-1])

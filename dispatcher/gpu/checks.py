@@ -3,7 +3,9 @@
 Received counts equal the model's, rows past each sender's count still hold the poison (a
 stray write landed nowhere), and combine's output equals the reference within ``RTOL``.
 ``single`` runs them for every rank of a world in one process, ``rank_pool`` for its own
-rank in each process: one definition, so the tiers cannot drift apart.
+rank in each process: one definition, so the tiers cannot drift apart. The device computes
+only which received rows are still all poison (``poisoned_rows``); the rest is judged on
+the host from what was read back, so a tier reads every answer in one copy.
 """
 from __future__ import annotations
 
@@ -14,38 +16,41 @@ import torch
 
 from ..emulator.a2a import POISON
 
-__all__ = ["RTOL", "ATOL", "rank_problems", "stale_rows_ok"]
+__all__ = ["RTOL", "ATOL", "poisoned_rows", "stale_rows_ok", "rank_problems", "world_problems"]
 
 # bf16 tolerance: both sides round each expert row to bf16 once and sum exactly in fp32, so a
 # correct A2A matches the reference bit for bit; allow half a bf16 ulp of the largest value.
 RTOL, ATOL = 2.0 ** -8, 0.0
 
 
-def stale_rows_ok(recv: Sequence[torch.Tensor], expected_counts: np.ndarray,
-                  runtime: int) -> torch.Tensor:
-    """Rows ``[count, runtime)`` of each source's slot still hold POISON. One target: planes
-    ``[W, R, ...]`` and counts ``[W]`` give a 0-dim bool; T targets at once (the same
-    runtime): planes ``[T, W, R, ...]`` and counts ``[T, W]`` give ``[T]``. The answer stays
-    on the GPU, so a caller reads every rank's in one copy."""
-    counts = torch.as_tensor(np.asarray(expected_counts), device=recv[0].device)
-    stale = torch.arange(runtime, device=counts.device) >= counts[..., None]  # [..., W, R]
-    oks = [((plane.contiguous().view(torch.uint8).reshape(*stale.shape, -1) == POISON).all(-1)
-            | ~stale).flatten(-2).all(-1) for plane in recv]
-    return torch.stack(oks).all(0)
+def poisoned_rows(recv: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Which received rows hold POISON in every byte of every payload plane: planes
+    ``[..., W, R, n]`` (any dtype; one target ``[W, R, n]``, or T targets stacked) give a bool
+    ``[..., W, R]`` on their device."""
+    rows = torch.cat([p.contiguous().view(torch.uint8) for p in recv], dim=-1)
+    return (rows == POISON).all(-1)
+
+
+def stale_rows_ok(poisoned: np.ndarray, expected_counts: np.ndarray, runtime: int):
+    """Rows ``[count, runtime)`` of each source's slot are still poison, from ``poisoned_rows``
+    read back: ``[W, R]`` with counts ``[W]`` gives a bool, ``[T, W, R]`` with ``[T, W]`` gives
+    ``[T]``."""
+    stale = np.arange(runtime) >= np.asarray(expected_counts)[..., None]  # [..., W, R]
+    return (poisoned | ~stale).all(axis=(-2, -1))
 
 
 def rank_problems(rank: int, stale_ok: Optional[bool], runtime: int,
                   counts: np.ndarray, expected_counts: np.ndarray,
                   output: np.ndarray, reference: np.ndarray) -> List[str]:
     """Everything wrong on EP rank ``rank`` (empty when its round trip was exact).
-    ``stale_ok`` is ``stale_rows_ok`` read back; ``None`` skips that check (a dispatcher that
+    ``stale_ok`` is ``stale_rows_ok``; ``None`` skips that check (a dispatcher that
     sanitizes padding rows, as SGLang's does with ``invalid_token_expert_id``, writes them on
     purpose)."""
     problems = []
     if not np.array_equal(counts, expected_counts):
         problems.append(f"rank {rank} recv counts {counts.tolist()} != model "
                         f"{expected_counts.tolist()}")
-    if stale_ok is False:
+    if stale_ok is not None and not stale_ok:
         problems.append(f"rank {rank}: a stray write landed past a sender's count")
     if output.shape != reference.shape:
         problems.append(f"rank {rank}: combine returned shape {output.shape}, expected "
@@ -57,3 +62,19 @@ def rank_problems(rank: int, stale_ok: Optional[bool], runtime: int,
             problems.append(f"rank {rank}: combine output differs from the reference on "
                             f"{bad} of {reference.shape[0]} tokens")
     return problems
+
+
+def world_problems(stale_ok: Sequence[bool], runtimes: Sequence[int], counts: np.ndarray,
+                   expected_counts: np.ndarray, outputs: Sequence[np.ndarray],
+                   references: Sequence[np.ndarray]) -> List[str]:
+    """``rank_problems`` of every rank of a world: when every rank is exact, one comparison
+    for the whole world says so; otherwise rank by rank, to name what is wrong where."""
+    if (all(stale_ok) and np.array_equal(counts, expected_counts)
+            and all(o.shape == r.shape for o, r in zip(outputs, references))
+            and np.isclose(np.concatenate([o.reshape(-1) for o in outputs]),
+                           np.concatenate([r.reshape(-1) for r in references]),
+                           rtol=RTOL, atol=ATOL).all()):
+        return []
+    return [p for r in range(len(outputs))
+            for p in rank_problems(r, bool(stale_ok[r]), runtimes[r], counts[r],
+                                   expected_counts[r], outputs[r], references[r])]

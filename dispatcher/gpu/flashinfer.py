@@ -26,6 +26,14 @@ def module():
     return comm()[1].get_moe_alltoall_module()
 
 
+def pdl_default(device) -> bool:
+    """What FlashInfer's ``enable_pdl=None`` resolves to on ``device`` (programmatic dependent
+    launch from sm_90 on), asked once instead of on every launch."""
+    from flashinfer.utils import device_support_pdl
+
+    return bool(device_support_pdl(device))
+
+
 def metainfo_index() -> dict:
     names, values = module().moe_a2a_get_metainfo_index_pairs()
     return {str(n).replace("MOE_A2A_", ""): int(v) for n, v in zip(names, values)}

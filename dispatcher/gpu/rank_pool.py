@@ -1,17 +1,19 @@
-"""One OS process per EP rank, started once and fed worlds by queue (multi-GPU tier).
+"""One OS process per EP rank, started once and fed worlds by pipe (multi-GPU tier).
 
 Rank ``r`` runs on GPU ``r % n_gpus``. The process group is NCCL when every rank has its own
 GPU and gloo when ranks outnumber GPUs (NCCL refuses two ranks on one GPU); a gloo group is
 always there for the CPU agreement. For each world every rank computes its own runtime with
 the policy under test from its own ``RankView`` (as production does), then all ranks
-all-gather (runtime, rows, world) on the CPU and validate together before any kernel is
-launched; a rank that would launch alone would leave its peers spinning ~300 s and then trap.
+all-gather (runtime, world) on the CPU and validate together before any kernel is launched;
+a rank that would launch alone would leave its peers spinning ~300 s and then trap.
 
 Every wait has a timeout. A remote failure comes back as its own exception type. A crashed
 rank, a timeout, a dead CUDA context or a Python error on a rank fails that example and the
 pool is rebuilt (once: a pool that cannot start raises ``PoolStartFailed`` with the rank's
 own words). Each rank's stderr goes to a log whose tail is quoted when the rank dies, so a
-CUDA fault's text is never lost; ranks exit by themselves when their parent is gone.
+CUDA fault's text is never lost; the parent waits on the ranks' pipes and process sentinels
+together, so a death is seen when it happens; ranks exit by themselves when their parent is
+gone.
 
 Ranks are forked from a ``forkserver`` that has imported torch once (CUDA is never initialised
 in it): a spawned rank paid the interpreter and torch imports on every start, a rebuild too.
@@ -20,13 +22,15 @@ The ready line says where a start's seconds went (the slowest rank's phases).
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
+
+from multiprocessing.connection import wait
+from multiprocessing.reduction import ForkingPickler
 
 import torch.multiprocessing as mp
 
@@ -98,7 +102,7 @@ def _alive(pid: int) -> bool:
 
 
 def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes: int,
-            max_combine_bytes: int, log: str, parent: int, inbox, outbox, sent_at: float):
+            max_combine_bytes: int, log: str, parent: int, conn, sent_at: float):
     phases = {"process": time.time() - sent_at}  # from the parent's start() to here
     server = os.getppid()  # the forkserver, which exits when the parent does
     env.apply()
@@ -107,34 +111,35 @@ def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes:
     try:
         state = _start_rank(rank, ep_size, port, n_gpus, phases)
     except Exception as exc:  # noqa: BLE001 - reported to the parent with its text
-        outbox.put(("startup", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        conn.send(("startup", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
-    outbox.put(("ready", rank, (state["backend"], phases)))
+    conn.send(("ready", rank, (state["backend"], phases)))
     profile_dir = os.environ.get(PROFILE_ENV)
     if not profile_dir:
         return _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent,
-                      server, inbox, outbox)
+                      server, conn)
     import cProfile  # where a rank's time goes: one file per rank process, written as it exits
 
     profiler = cProfile.Profile()
     try:
         profiler.runcall(_serve, state, rank, ep_size, max_dispatch_bytes, max_combine_bytes,
-                         parent, server, inbox, outbox)
+                         parent, server, conn)
     finally:
         profiler.dump_stats(os.path.join(profile_dir, f"rank{rank}-{os.getpid()}.prof"))
 
 
-def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, server, inbox,
-           outbox):
+def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, server, conn):
     """Run the examples the parent sends until it sends None, a rank fails hard, or the
-    parent is gone."""
+    parent is gone (its end of the pipe closed, or it no longer exists)."""
     while True:
         try:
-            msg = inbox.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != server or not _alive(parent):  # the pytest worker is gone
-                return  # free the GPU
-            continue
+            if not conn.poll(1.0):
+                if os.getppid() != server or not _alive(parent):  # the pytest worker is gone
+                    return  # free the GPU
+                continue
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
         if msg is None:
             return
         kind, *example = msg
@@ -144,19 +149,19 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
             else:
                 result = _run_example(state, rank, ep_size, max_dispatch_bytes,
                                       max_combine_bytes, *example)
-            outbox.put(("ok", rank, result))
+            conn.send(("ok", rank, result))
         except Exception as exc:  # noqa: BLE001 - reported to the parent with its type
             from ..model.validation import A2ASizingError
 
             text = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, A2ASizingError):
-                outbox.put(("sizing", rank, text))
+                conn.send(("sizing", rank, text))
                 continue
             if kind == "sglang" and not state["example"].get("launched"):
-                outbox.put(("engine", rank, text))  # raised before any collective or kernel
+                conn.send(("engine", rank, text))  # raised before any collective or kernel
                 continue
             text += "\n" + traceback.format_exc()
-            outbox.put(("cuda" if _is_cuda_fault(exc, text) else "error", rank, text))
+            conn.send(("cuda" if _is_cuda_fault(exc, text) else "error", rank, text))
             return
 
 
@@ -188,8 +193,32 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict) -
             "policies": {}, "engines": {}, "example": {}}
 
 
+def _all_gather_values(group, ep_size: int, value, key: int = 0) -> list:
+    """Every rank's ``value`` (each rank passes its own), with ``key`` checked equal on every
+    rank: one all-gather of a few int64s, the CPU round trip each example pays. A value that
+    is not a plain int (a broken rule's answer) then goes as an object in a second one, so
+    validation judges exactly what each rank computed."""
+    import torch
+    import torch.distributed as dist
+
+    plain = type(value) is int and -2 ** 63 <= value < 2 ** 63
+    got = [torch.empty(3, dtype=torch.int64) for _ in range(ep_size)]
+    dist.all_gather(got, torch.tensor([int(plain), value if plain else 0, key]), group=group)
+    rows = torch.stack(got).tolist()
+    if len({r[2] for r in rows}) != 1:
+        raise RuntimeError("ranks received different worlds or hold different workspaces")
+    if all(r[0] for r in rows):
+        return [r[1] for r in rows]
+    values: List[object] = [None] * ep_size
+    dist.all_gather_object(values, value, group=group)
+    return values
+
+
 def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec,
                  bypass) -> List[str]:
+    import zlib
+
+    import numpy as np
     import torch
     import torch.distributed as dist
 
@@ -200,7 +229,7 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
     from ..model.workspace import aux_offsets, workspace_size_per_rank
     from ..policies import load_policy
     from . import torch_ops
-    from .checks import rank_problems, stale_rows_ok
+    from .checks import poisoned_rows, rank_problems, stale_rows_ok
     from .flashinfer import new_moe_alltoall
 
     policies, a2as, cpu = state["policies"], state["a2as"], state["cpu"]
@@ -217,11 +246,8 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
     known = cap in a2as
     if known:  # poisoned before the agreement, which is then also the barrier: the parent sends
         poison()  # an example only when every rank has finished the last, so no peer still reads it
-    agreed: List[Optional[tuple]] = [None] * ep_size
-    dist.all_gather_object(agreed, (mine, view.local_tokens, repr(world), known), group=cpu)
-    if len({a[2:] for a in agreed}) != 1:
-        raise RuntimeError("ranks received different worlds")
-    values = [a[0] for a in agreed]
+    key = zlib.crc32(repr(world).encode()) << 1 | known
+    values = _all_gather_values(cpu, ep_size, mine, key)
     if bypass is False:
         validate(values, world.views)  # the same verdict on every rank
     runtime = require_int(values[rank])
@@ -233,20 +259,22 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
         dist.barrier(group=cpu)  # nobody writes into a peer before it is poisoned
     a2a = a2as[cap]
     a2a.top_k, a2a.num_experts = moe.top_k, moe.num_experts
-    own = a2a.workspace[rank]
+    rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
     inputs = make_inputs(world)
     inp = inputs[rank]
     ids, *rows = torch_ops.to_torch_rows([inp.expert_ids, *inp.payload_rows], "cuda")
     payloads = [torch_ops.typed(t, sp.name) for t, sp in zip(rows, moe.payloads)]
     recv = a2a.dispatch(ids.view(torch.int32), payloads, runtime)
-    rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
-    counts = own[rc:rc + 4 * ep_size].contiguous().view(torch.int32).cpu().numpy()
+    counts = a2a.workspace[rank][rc:rc + 4 * ep_size].clone()  # as dispatch left them
     y = torch_ops.expert_outputs(recv, runtime, moe, rank, ep_size)
     out = a2a.combine(y, runtime)
-    expected = expected_recv_counts(world, inputs)
-    stale_ok = bool(stale_rows_ok(recv, expected[rank], runtime))
-    return rank_problems(rank, stale_ok, runtime, counts, expected[rank],
-                         out.float().cpu().numpy(), reference_outputs(world, [inp])[0])
+    poisoned = poisoned_rows(recv)
+    # the host's half while the GPU works; then the answers in one copy
+    expected = expected_recv_counts(world, inputs)[rank]
+    reference = reference_outputs(world, [inp])[0]
+    host_counts, host_poisoned, host_out = torch_ops.read_back([counts, poisoned, out])
+    return rank_problems(rank, bool(stale_rows_ok(host_poisoned, expected, runtime)), runtime,
+                         host_counts.view(np.int32), expected, host_out, reference)
 
 
 def _run_sglang_example(state, rank, ep_size, world, spec, bypass) -> dict:
@@ -254,8 +282,8 @@ def _run_sglang_example(state, rank, ep_size, world, spec, bypass) -> dict:
     its ``__init__`` builds its ``MoeAlltoAll`` (over the pool's group), its ``dispatch()``
     launches the real dispatch kernel with the runtime it computes, the stand-in experts run
     on what arrived, its ``combine()`` returns the result, checked against the reference."""
+    import numpy as np
     import torch
-    import torch.distributed as dist
 
     from ..emulator.a2a import POISON, expected_recv_counts
     from ..emulator.inputs import make_inputs, reference_outputs
@@ -283,8 +311,7 @@ def _run_sglang_example(state, rank, ep_size, world, spec, bypass) -> dict:
         a2a = d.moe_a2a
         _agree_before_launch(a2a, state, ep_size)
         a2a.workspace[rank][aux_offsets(ep_size, a2a.max_num_tokens).payload_data:].fill_(POISON)
-        torch.cuda.synchronize()
-        dist.barrier(group=cpu)  # nobody writes into a peer before it is poisoned
+        torch.cuda.synchronize()  # before the agreement inside dispatch(), so every rank has
         out = d.dispatch(x, StandardTopKOutput(weights, ids, None))
         runtime = state["example"]["values"][rank]
         topk = out.topk_output
@@ -293,12 +320,13 @@ def _run_sglang_example(state, rank, ep_size, world, spec, bypass) -> dict:
                                    world.moe.num_experts, ep_size)[0]
         result = d.combine(release.module.FlashinferCombineInput(y))
     rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
-    counts = a2a.workspace[rank][rc:rc + 4 * ep_size].contiguous().view(torch.int32).cpu().numpy()
     expected = expected_recv_counts(world, inputs)[rank].copy()
+    reference = reference_outputs(world, [inp])[0]
+    counts, output = torch_ops.read_back([a2a.workspace[rank][rc:rc + 4 * ep_size], result])
+    counts = counts.view(np.int32)
     if world.rows_per_rank[rank] == 0 and counts[rank] == 1:
         expected[rank] = 1  # releases before 0.5.15 send one dummy token to themselves
-    problems = rank_problems(rank, None, runtime, counts, expected,
-                             result.float().cpu().numpy(), reference_outputs(world, [inp])[0])
+    problems = rank_problems(rank, None, runtime, counts, expected, output, reference)
     return {"problems": problems, "values": state["example"]["values"],
             "max_num_tokens": a2a.max_num_tokens,
             "workspace_size_per_rank": a2a.workspace_size_per_rank}
@@ -310,8 +338,6 @@ def _agree_before_launch(a2a, state, ep_size):
     the CPU before the kernel; a rank launching alone would leave its peers spinning."""
     if getattr(a2a, "_a2a_gate_agreed", False):
         return
-    import torch.distributed as dist
-
     from ..model.validation import validate
 
     launch = a2a.dispatch
@@ -319,8 +345,7 @@ def _agree_before_launch(a2a, state, ep_size):
     def dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *a, **k):
         example = state["example"]
         example["launched"] = True  # from here on ranks wait for each other
-        agreed = [None] * ep_size
-        dist.all_gather_object(agreed, runtime_max_tokens_per_rank, group=state["cpu"])
+        agreed = _all_gather_values(state["cpu"], ep_size, runtime_max_tokens_per_rank)
         example["values"] = agreed
         if example["bypass"] is False:
             validate(agreed, example["world"].views)
@@ -341,24 +366,26 @@ class RankPool:
         self.backend = None
         self.restarts = 0
         self._procs: list = []
-        self._inboxes: list = []
+        self._conns: list = []  # the parent's end of each rank's pipe
         self._logs = Path(tempfile.mkdtemp(prefix="a2a-gate-ranks-"))
         self._start()
 
     def _start(self):
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first pool
-        self._out = ctx.Queue()
-        self._inboxes = [ctx.Queue() for _ in range(self.ep_size)]
+        pipes = [ctx.Pipe() for _ in range(self.ep_size)]
+        self._conns = [mine for mine, _ in pipes]
         port = env.free_port()
         t, sent_at = time.monotonic(), time.time()
         self._procs = [ctx.Process(
             target=_worker, daemon=True, name=f"ep-rank-{r}",
             args=(r, self.ep_size, port, self.n_gpus, self.max_dispatch_bytes,
-                  self.max_combine_bytes, str(self._log(r)), os.getpid(), self._inboxes[r],
-                  self._out, sent_at)) for r in range(self.ep_size)]
+                  self.max_combine_bytes, str(self._log(r)), os.getpid(), pipes[r][1],
+                  sent_at)) for r in range(self.ep_size)]
         for p in self._procs:
             p.start()
+        for _, theirs in pipes:
+            theirs.close()  # the rank holds its end: a dead rank then reads as EOF here
         try:
             ready = self._collect(self.start_timeout, "start")
         except RankPoolError as exc:
@@ -382,28 +409,42 @@ class RankPool:
         return ("\n  stderr of rank %d:\n    " % rank + "\n    ".join(text)) if text else ""
 
     def _collect(self, timeout: float, what: str) -> list:
-        """Every rank's answer; the first failure decides, the others get ``GRACE_S``."""
+        """Every rank's answer; the first failure decides, the others get ``GRACE_S``. Waits
+        on the ranks' pipes and their process sentinels at once, so a rank that dies is seen
+        as it dies."""
         got: Dict[int, tuple] = {}
+        dead: List[int] = []
         deadline = time.monotonic() + timeout
-        while len(got) < self.ep_size:
-            try:
-                kind, rank, payload = self._out.get(timeout=0.5)
-                got[rank] = (kind, payload)
-                if kind not in ("ready", "ok"):
-                    deadline = min(deadline, time.monotonic() + GRACE_S)
-                continue
-            except queue.Empty:
-                pass
-            dead = [r for r, p in enumerate(self._procs) if not p.is_alive() and r not in got]
-            if dead:
-                raise RankCrashed(f"{what}: rank process(es) {dead} died"
-                                  + "".join(self._tail(r) for r in dead))
-            if time.monotonic() > deadline:
+        while len(got) + len(dead) < self.ep_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 if any(k not in ("ready", "ok") for k, _ in got.values()):
                     break
                 missing = sorted(set(range(self.ep_size)) - set(got))
                 raise RankTimeout(f"{what}: ranks {missing} did not answer within "
                                   f"{timeout:.0f} s" + "".join(self._tail(r) for r in missing))
+            waiting = [r for r in range(self.ep_size) if r not in got and r not in dead]
+            ready = set(wait([self._conns[r] for r in waiting]
+                             + [self._procs[r].sentinel for r in waiting], timeout=left))
+            for r in waiting:
+                conn, sentinel = self._conns[r], self._procs[r].sentinel
+                if conn not in ready and sentinel not in ready:
+                    continue
+                try:  # a rank may answer and then exit: read what it sent first
+                    answer = conn.recv() if conn.poll() else None
+                except (EOFError, OSError):
+                    answer = None
+                if answer is None:
+                    if sentinel in ready or not self._procs[r].is_alive():
+                        dead.append(r)
+                    continue
+                kind, rank, payload = answer
+                got[rank] = (kind, payload)
+                if kind not in ("ready", "ok"):
+                    deadline = min(deadline, time.monotonic() + GRACE_S)
+            if dead:
+                raise RankCrashed(f"{what}: rank process(es) {sorted(dead)} died"
+                                  + "".join(self._tail(r) for r in sorted(dead)))
         failed = [r for r in sorted(got) if got[r][0] not in ("ready", "ok")]
         if not failed:
             return [got[r][1] for r in range(self.ep_size)]
@@ -442,14 +483,17 @@ class RankPool:
     def _send(self, kind, world, spec, bypass) -> list:
         if world.ep_size != self.ep_size:
             raise ValueError(f"pool has {self.ep_size} ranks, world needs {world.ep_size}")
-        for box in self._inboxes:
-            box.put((kind, world, spec, bypass))
         try:
+            message = ForkingPickler.dumps((kind, world, spec, bypass))  # once for every rank
+            for conn in self._conns:  # a few KiB into an idle pipe: never blocks
+                conn.send_bytes(message)
             return self._collect(self.timeout, "example")
         except (RemoteSizingError, RemoteEngineError):
             raise  # every rank refused together, before any kernel: they are still in step
-        except RankPoolError:
+        except (RankPoolError, OSError) as exc:
             self._rebuild()
+            if isinstance(exc, OSError):  # a rank's pipe broke: it died before reading
+                raise RankCrashed(f"example: a rank's pipe broke ({exc})") from exc
             raise
 
     def _rebuild(self):
@@ -459,9 +503,9 @@ class RankPool:
 
     def close(self, graceful: bool = True):
         """Ask the ranks to exit (each gets 10 s), or kill them at once (``graceful=False``)."""
-        for box in self._inboxes if graceful else ():
+        for conn in self._conns if graceful else ():
             try:
-                box.put(None)
+                conn.send(None)
             except (OSError, ValueError):
                 pass
         for p in self._procs:
@@ -470,3 +514,5 @@ class RankPool:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)
+        for conn in self._conns:
+            conn.close()

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..emulator.a2a import POISON, expected_recv_counts
@@ -20,8 +22,8 @@ from ..emulator.inputs import make_inputs, reference_outputs
 from ..model.workspace import aux_offsets, aux_size
 from ..model.world import World
 from . import torch_ops
-from .checks import rank_problems, stale_rows_ok
-from .flashinfer import comm, metainfo_index, module
+from .checks import poisoned_rows, stale_rows_ok, world_problems
+from .flashinfer import comm, metainfo_index, module, pdl_default
 
 __all__ = ["SingleGpuA2A", "GpuRoundTrip", "CudaContextDead", "GUARD"]
 
@@ -39,6 +41,20 @@ class CudaContextDead(RuntimeError):
     """An earlier kernel fault killed this process's CUDA context: nothing more can run."""
 
 
+@dataclass
+class _Workspace:
+    """One (W, cap, size) workspace: ``full`` with the guard bytes, ``ws`` the view FlashInfer
+    is handed, each rank's metainfo, FlashInfer's receive views (``recv_view_cache``, as its
+    ``MoeAlltoAll`` keeps them) and the offsets FlashInfer put in the metainfo."""
+
+    full: torch.Tensor
+    ws: torch.Tensor
+    metainfo: List[torch.Tensor]
+    views: dict
+    payload_data_offset: int
+    recv_counters_offset: int
+
+
 class SingleGpuA2A:
     """Every rank of a world on one GPU. A CUDA fault kills the process's context for good:
     the first fault is re-raised as it came, every later ``run`` fails at once with
@@ -48,9 +64,10 @@ class SingleGpuA2A:
 
     def __init__(self, device: Optional[torch.device] = None):
         self.device = device or torch.device("cuda", torch.cuda.current_device())
-        self._workspaces: "OrderedDict[Tuple[int, int, int], tuple]" = OrderedDict()
+        self._workspaces: "OrderedDict[Tuple[int, int, int], _Workspace]" = OrderedDict()
         self._streams: List[torch.cuda.Stream] = []
         self._index = metainfo_index()
+        self._pdl = pdl_default(self.device)
         self.dead: Optional[str] = None
 
     def run(self, world: World, runtimes: Sequence[int]) -> "GpuRoundTrip":
@@ -72,7 +89,7 @@ class SingleGpuA2A:
             self._streams.append(torch.cuda.Stream(device=self.device))
         return self._streams[:n]
 
-    def _workspace(self, ep_size: int, cap: int, size: int):
+    def _workspace(self, ep_size: int, cap: int, size: int) -> _Workspace:
         key = (ep_size, cap, size)
         if key in self._workspaces:
             self._workspaces.move_to_end(key)
@@ -84,95 +101,106 @@ class SingleGpuA2A:
             full[:, size:] = GUARD_BYTE
             ws = full[:, :size]
             metainfo = [ops.moe_a2a_initialize(ws, r, ep_size, cap) for r in range(ep_size)]
-            self._workspaces[key] = (full, ws, metainfo)
+            idx = self._index
+            self._workspaces[key] = _Workspace(
+                full, ws, metainfo, {}, int(metainfo[0][idx["PAYLOAD_DATA_OFFSET_INDEX"]]),
+                int(metainfo[0][idx["RECV_COUNTERS_OFFSET_INDEX"]]))
         return self._workspaces[key]
 
     def byte_model(self, world: World) -> Dict[str, Tuple[int, int]]:
         """Our byte model next to FlashInfer's own numbers for this config."""
-        _, ops = comm()
-        moe, W, cap = world.moe, world.ep_size, world.max_num_tokens
-        theirs = ops.moe_a2a_get_workspace_size_per_rank(W, cap, moe.dispatch_bytes,
-                                                         moe.combine_bytes)
-        return {
-            "workspace_size_per_rank": (world.workspace_size, int(theirs)),
-            "aux_size": (aux_size(W, cap), int(module().moe_a2a_get_aux_data_size(W, cap, 0))),
-        }
+        moe = world.moe
+        return dict(_byte_model(world.ep_size, world.max_num_tokens, moe.dispatch_bytes,
+                                moe.combine_bytes, world.workspace_size))
 
     def _run(self, world: World, runtimes: Sequence[int]) -> GpuRoundTrip:
         _, ops = comm()
         moe, W, cap = world.moe, world.ep_size, world.max_num_tokens
         specs = moe.payloads
         size = world.workspace_size
-        full, ws, metainfo = self._workspace(W, cap, size)
+        space = self._workspace(W, cap, size)
+        ws = space.ws
         aux = aux_offsets(W, cap)
         model = self.byte_model(world)
-        idx = self._index
-        model["payload_data_offset"] = (aux.payload_data, int(metainfo[0][idx["PAYLOAD_DATA_OFFSET_INDEX"]]))
-        model["recv_counters_offset"] = (aux.recv_counters, int(metainfo[0][idx["RECV_COUNTERS_OFFSET_INDEX"]]))
+        model["payload_data_offset"] = (aux.payload_data, space.payload_data_offset)
+        model["recv_counters_offset"] = (aux.recv_counters, space.recv_counters_offset)
 
         inputs = make_inputs(world)
-        ref = reference_outputs(world, inputs)
-        arrays = []
-        for inp in inputs:
-            arrays += [inp.expert_ids] + list(inp.payload_rows)
-        dev = torch_ops.to_torch_rows(arrays, self.device)
-        per_rank = [dev[i * (len(specs) + 1):(i + 1) * (len(specs) + 1)] for i in range(W)]
+        per = len(specs) + 1
+        dev = torch_ops.to_torch_rows(
+            [a for inp in inputs for a in (inp.expert_ids, *inp.payload_rows)], self.device)
         ws[:, aux.payload_data:].fill_(POISON)
         streams = self._streams_for(W)
         main = torch.cuda.current_stream(self.device)
+        ready = main.record_event()
         for s in streams:
-            s.wait_stream(main)
+            s.wait_event(ready)
         combine_offsets, recv = [], []
-        for r in range(W):  # launch every rank before waiting on any
-            with torch.cuda.stream(streams[r]):
-                ids, *rows = per_rank[r]
+        try:
+            for r in range(W):  # launch every rank before waiting on any
+                torch.cuda.set_stream(streams[r])
+                ids, *rows = dev[r * per:(r + 1) * per]
                 payloads = [torch_ops.typed(t, spec.name) for t, spec in zip(rows, specs)]
                 out, comb_off, _ = ops.moe_a2a_dispatch(
-                    ids.view(torch.int32), payloads, ws, metainfo[r], runtimes[r], r, W,
-                    moe.top_k, moe.num_experts)
+                    ids.view(torch.int32), payloads, ws, space.metainfo[r], runtimes[r], r, W,
+                    moe.top_k, moe.num_experts, enable_pdl=self._pdl,
+                    recv_view_cache=space.views)
                 combine_offsets.append(comb_off)
                 recv.append(out)
+        finally:
+            torch.cuda.set_stream(main)
         for s in streams:
             main.wait_stream(s)
         model["combine_payload_offset"] = (world.layout(runtimes[0]).combine_offset,
                                            int(combine_offsets[0]))
-        counts = ws[:, aux.recv_counters:aux.recv_counters + 4 * W].contiguous().view(torch.int32)
+        counts = ws[:, aux.recv_counters:aux.recv_counters + 4 * W]  # int32 [W, W] as bytes
         same = len(set(runtimes)) == 1  # a sound rule: every rank's op batched into one
         if same:
-            stacked = [torch.stack(planes) for planes in zip(*recv)]  # [W, W, R, bytes] each
-            batch = torch_ops.expert_outputs(stacked, runtimes[0], moe, range(W), W)
-            outs = list(batch.unbind(0))
+            stacked = [torch.stack(planes) for planes in zip(*recv)]  # [W, W, R, n] each
+            outs = list(torch_ops.expert_outputs(stacked, runtimes[0], moe, range(W), W).unbind(0))
+            poisoned = [poisoned_rows(stacked)]  # [W, W, R]
         else:
             outs = [torch_ops.expert_outputs(recv[r], runtimes[r], moe, r, W) for r in range(W)]
+            poisoned = [poisoned_rows(recv[r]) for r in range(W)]  # [W, R_r] each
+        ready = main.record_event()
         for s in streams:
-            s.wait_stream(main)
+            s.wait_event(ready)
         results = []
-        for r in range(W):
-            with torch.cuda.stream(streams[r]):
+        try:
+            for r in range(W):
+                torch.cuda.set_stream(streams[r])
                 results.append(ops.moe_a2a_combine(
-                    outs[r], world.rows_per_rank[r], ws, metainfo[r], runtimes[r], r, W,
-                    moe.top_k, combine_offsets[r]))
+                    outs[r], world.rows_per_rank[r], ws, space.metainfo[r], runtimes[r], r, W,
+                    moe.top_k, combine_offsets[r], enable_pdl=self._pdl))
+        finally:
+            torch.cuda.set_stream(main)
         for s in streams:
             main.wait_stream(s)
-        # every answer read back in three copies (one sync), not a sync per rank and plane
+        guard = (space.full[:, size:] == GUARD_BYTE).all()
+        # the host's half while the GPU works; then every answer in one copy (one sync)
         expected = expected_recv_counts(world, inputs)
-        stale = (stale_rows_ok(stacked, expected, runtimes[0]) if same else
-                 torch.stack([stale_rows_ok(recv[r], expected[r], runtimes[r]) for r in range(W)]))
-        flags = torch.cat([(full[:, size:] == GUARD_BYTE).all().view(1), stale])
-        outputs = torch.cat([results[r].float().reshape(-1) for r in range(W)])
-        host_flags, host_counts, host_out = flags.cpu().numpy(), counts.cpu().numpy(), \
-            outputs.cpu().numpy()
-        problems = []
-        if not host_flags[0]:
-            problems.append("guard bytes after a rank's workspace were overwritten")
-        at = 0
-        for r in range(W):
-            n = results[r].numel()
-            out_r = host_out[at:at + n].reshape(results[r].shape)
-            at += n
-            problems += rank_problems(r, bool(host_flags[1 + r]), runtimes[r], host_counts[r],
-                                      expected[r], out_r, ref[r])
+        ref = reference_outputs(world, inputs)
+        guard_ok, host_counts, *rest = torch_ops.read_back([guard, counts, *poisoned, *results])
+        host_counts = host_counts.view(np.int32)
+        host_poisoned, host_out = rest[:len(poisoned)], rest[len(poisoned):]
+        stale = (stale_rows_ok(host_poisoned[0], expected, runtimes[0]) if same else
+                 [stale_rows_ok(host_poisoned[r], expected[r], runtimes[r]) for r in range(W)])
+        problems = [] if guard_ok else ["guard bytes after a rank's workspace were overwritten"]
+        problems += world_problems(stale, runtimes, host_counts, expected, host_out, ref)
         wrong = {k: v for k, v in model.items() if v[0] != v[1]}
         if wrong:
             problems.append(f"byte model != FlashInfer: {wrong}")
         return GpuRoundTrip(tuple(problems), model)
+
+
+@lru_cache(maxsize=4096)
+def _byte_model(ep_size: int, cap: int, dispatch_bytes: int, combine_bytes: int,
+                workspace_size: int) -> Tuple[Tuple[str, Tuple[int, int]], ...]:
+    """(name, (ours, FlashInfer's)) for one config: FlashInfer's answers are pure functions
+    of these numbers, asked once per config."""
+    _, ops = comm()
+    theirs = ops.moe_a2a_get_workspace_size_per_rank(ep_size, cap, dispatch_bytes,
+                                                     combine_bytes)
+    return (("workspace_size_per_rank", (workspace_size, int(theirs))),
+            ("aux_size", (aux_size(ep_size, cap),
+                          int(module().moe_a2a_get_aux_data_size(ep_size, cap, 0)))))

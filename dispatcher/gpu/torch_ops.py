@@ -2,13 +2,16 @@
 ``dispatcher/emulator/inputs.py`` (a CPU test keeps the two equal)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 from ..model.workspace import PayloadFormat
 from ..model.world import MoeConfig, owners_of
 
-__all__ = ["decode_hidden", "stand_in_moe", "expert_outputs", "to_torch_rows", "typed"]
+__all__ = ["decode_hidden", "stand_in_moe", "expert_outputs", "to_torch_rows", "read_back",
+           "typed"]
 
 
 def decode_hidden(planes, fmt: PayloadFormat, hidden_size: int) -> torch.Tensor:
@@ -63,13 +66,32 @@ def typed(rows: torch.Tensor, name: str) -> torch.Tensor:
 def to_torch_rows(arrays, device) -> list:
     """numpy [n, ...] arrays of any dtype -> their bytes as uint8 [n, row_bytes] tensors on
     ``device``, moved in one copy."""
-    rows = [np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], a.itemsize * int(np.prod(a.shape[1:])))
-            for a in arrays]
-    flat = np.concatenate([r.reshape(-1) for r in rows]) if rows else np.zeros(0, np.uint8)
-    host = torch.from_numpy(flat)
-    dev = host.to(device)  # a few KiB: pinning a fresh buffer (cudaHostAlloc) costs more
+    shapes = [(a.shape[0], a.nbytes // a.shape[0] if a.shape[0] else
+               a.itemsize * math.prod(a.shape[1:])) for a in arrays]
+    flat = (np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays])
+            if arrays else np.zeros(0, np.uint8))
+    dev = torch.from_numpy(flat).to(device)  # a few KiB: pinning a fresh buffer costs more
     out, at = [], 0
-    for r in rows:
-        out.append(dev[at:at + r.size].view(r.shape))
-        at += r.size
+    for n, row in shapes:
+        out.append(dev[at:at + n * row].view(n, row))
+        at += n * row
+    return out
+
+
+_HOST = {torch.bool: np.bool_, torch.uint8: np.uint8, torch.int32: np.int32,
+         torch.int64: np.int64, torch.float32: np.float32, torch.bfloat16: np.uint16}
+
+
+def read_back(tensors) -> list:
+    """Device tensors -> numpy arrays of the same shapes, in one copy (one sync): the bytes
+    of all of them concatenated on the device, split on the host. bf16 comes back as float32
+    (exactly)."""
+    flat = [t.reshape(-1).view(torch.uint8) for t in tensors]
+    host = torch.cat(flat).cpu().numpy() if flat else np.zeros(0, np.uint8)
+    out, at = [], 0
+    for t, f in zip(tensors, flat):
+        a = host[at:at + f.numel()].view(_HOST[t.dtype]).reshape(tuple(t.shape))
+        at += f.numel()
+        out.append((a.astype(np.uint32) << 16).view(np.float32) if t.dtype == torch.bfloat16
+                   else a)
     return out

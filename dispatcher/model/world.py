@@ -7,8 +7,10 @@ every row count is *derived* from it, so a world cannot contradict itself.
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Optional, Tuple
+
+import numpy as np
 
 from ..sizing import RankView, ceil_align
 from .workspace import (SUPPORTED_TOP_K, Layout, PayloadFormat, PayloadSpec,
@@ -31,14 +33,34 @@ def owned_experts(rank: int, num_experts: int, ep_size: int) -> range:
 def owners_of(expert_ids, num_experts: int, ep_size: int):
     """The EP rank owning each expert id (``compute_target_rank_id`` in FlashInfer's dispatch
     kernel); ids outside ``[0, num_experts)`` (stale rows) map to -1. ``expert_ids`` is a
-    numpy array or a torch tensor: the arithmetic below is written once for both."""
+    numpy array or a torch tensor (looked up in the same table, kept on its device)."""
+    if hasattr(expert_ids, "astype"):
+        e = expert_ids.astype("int64", copy=False)
+        table = _owner_table(num_experts, ep_size)
+        return table[np.where((e >= 0) & (e < num_experts), e, num_experts)]
+    e = expert_ids.long()
+    table = _owner_table_on(num_experts, ep_size, e.device)
+    return table[e.where((e >= 0) & (e < num_experts), num_experts)]
+
+
+@lru_cache(maxsize=512)
+def _owner_table(num_experts: int, ep_size: int) -> np.ndarray:
+    """Owner of each expert id ``0 .. E-1``, then -1 (where every out-of-range id looks):
+    FlashInfer's arithmetic, contiguous ownership with the first ``E % W`` ranks one larger."""
     base, rem = divmod(num_experts, ep_size)
     split = rem * (base + 1)
-    e = expert_ids.astype("int64") if hasattr(expert_ids, "astype") else expert_ids.long()
-    low = e < split
-    own = low * (e // (base + 1)) + ~low * (rem + (e - split) // max(base, 1))
-    valid = (e >= 0) & (e < num_experts)
-    return valid * (own + 1) - 1
+    e = np.arange(num_experts, dtype=np.int64)
+    own = np.where(e < split, e // (base + 1), rem + (e - split) // max(base, 1))
+    table = np.append(own, -1)
+    table.flags.writeable = False
+    return table
+
+
+@lru_cache(maxsize=512)
+def _owner_table_on(num_experts: int, ep_size: int, device):
+    import torch
+
+    return torch.from_numpy(_owner_table(num_experts, ep_size).copy()).to(device)
 
 
 def _require_ints(obj, *names: str) -> None:

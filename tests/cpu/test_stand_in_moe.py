@@ -48,7 +48,7 @@ def test_every_rank_at_once_equals_one_rank_at_a_time(world, runtime, seed):
     """The single-GPU tier batches every rank's stand-in MoE and stale-row check into one
     launch per op when the ranks share a runtime: the same answers as rank by rank."""
     from dispatcher.emulator.a2a import POISON
-    from dispatcher.gpu.checks import stale_rows_ok
+    from dispatcher.gpu.checks import poisoned_rows, stale_rows_ok
 
     moe, W = world.moe, world.ep_size
     g = torch.Generator().manual_seed(seed)
@@ -67,8 +67,11 @@ def test_every_rank_at_once_equals_one_rank_at_a_time(world, runtime, seed):
                     plane[src, counts[r, src]:] = POISON
     stacked = [torch.stack(planes) for planes in zip(*recv)]
     batch = torch_ops.expert_outputs(stacked, runtime, moe, range(W), W)
-    ok = stale_rows_ok(stacked, counts, runtime)
+    ok = stale_rows_ok(poisoned_rows(stacked).numpy(), counts, runtime)
     for r in range(W):
         one = torch_ops.expert_outputs(recv[r], runtime, moe, r, W)
         assert torch.equal(batch[r].view(torch.int16), one.view(torch.int16))
-        assert bool(ok[r]) == bool(stale_rows_ok(recv[r], counts[r], runtime))
+        alone = stale_rows_ok(poisoned_rows(recv[r]).numpy(), counts[r], runtime)
+        assert bool(ok[r]) == bool(alone) == all(  # and equal to the definition, row by row
+            (plane[src, counts[r, src]:].view(torch.uint8) == POISON).all()
+            for plane in recv[r] for src in range(W))

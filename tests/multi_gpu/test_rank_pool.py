@@ -1,5 +1,5 @@
 """Tier ``multi_gpu``: one OS process per EP rank (``dispatcher/gpu/rank_pool.py``), started once
-per session per ep_size and fed worlds by queue; NCCL with one rank per GPU, gloo when ranks
+per session per ep_size and fed worlds by pipe; NCCL with one rank per GPU, gloo when ranks
 share GPUs. Same checks as the gpu tier, made on every rank."""
 import pytest
 from hypothesis import given

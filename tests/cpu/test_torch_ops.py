@@ -1,0 +1,42 @@
+"""The GPU tiers' host <-> device moves, on the CPU: ``to_torch_rows`` (every rank's inputs in
+one copy) and ``read_back`` (every answer in one copy) give back exactly what went in."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+from hypothesis.extra.numpy import array_shapes, arrays
+
+torch = pytest.importorskip("torch", reason="the GPU tiers' helpers need torch (CPU is fine)")
+from dispatcher.gpu import torch_ops  # noqa: E402
+
+DTYPES = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float32, torch.bfloat16]
+
+
+@st.composite
+def tensors(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = draw(array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))
+    t = torch.randint(-1000, 1000, shape, generator=torch.Generator().manual_seed(
+        draw(st.integers(0, 2 ** 16)))).to(dtype)
+    if draw(st.booleans()) and t.dim() >= 2:
+        t = t.transpose(0, 1)  # not contiguous: read as it is seen, not as it is stored
+    return t
+
+
+@given(st.lists(tensors(), max_size=6))
+def test_read_back_is_every_tensor_as_it_was(ts):
+    got = torch_ops.read_back(ts)
+    assert len(got) == len(ts)
+    for t, a in zip(ts, got):
+        want = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+        assert a.shape == want.shape and a.dtype == want.dtype and np.array_equal(a, want)
+
+
+@given(st.lists(arrays(st.sampled_from([np.uint8, np.int32, np.float32]),
+                       array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=5)),
+                max_size=6))
+def test_to_torch_rows_is_each_array_as_byte_rows(arrays_):
+    got = torch_ops.to_torch_rows(arrays_, "cpu")
+    for a, t in zip(arrays_, got, strict=True):
+        row = a.itemsize * int(np.prod(a.shape[1:]))
+        assert tuple(t.shape) == (a.shape[0], row) and t.dtype == torch.uint8
+        assert np.array_equal(t.numpy(), np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], row))
