@@ -2,10 +2,11 @@
 
 Rank ``r`` runs on GPU ``r % n_gpus``. The process group is NCCL when every rank has its own
 GPU and gloo when ranks outnumber GPUs (NCCL refuses two ranks on one GPU); a gloo group is
-always there for the CPU agreement. For each world every rank computes its own runtime with
-the policy under test from its own ``RankView`` (as production does), then all ranks
-all-gather (runtime, world) on the CPU and validate together before any kernel is launched;
-a rank that would launch alone would leave its peers spinning ~300 s and then trap.
+always there for the CPU side of ``MoeAlltoAll``'s bootstrap and SGLang's code. For each
+world every rank computes its own runtime with the policy under test from its own
+``RankView`` (as production does), then every rank gets every rank's (runtime, world)
+through the parent, and all validate together before any kernel is launched; a rank that
+would launch alone would leave its peers spinning ~300 s and then trap.
 
 Every wait has a timeout. A remote failure comes back as its own exception type. A crashed
 rank, a timeout, a dead CUDA context or a Python error on a rank fails that example and the
@@ -22,6 +23,7 @@ The ready line says where a start's seconds went (the slowest rank's phases).
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -32,8 +34,6 @@ from typing import Dict, List
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 
-import torch.multiprocessing as mp
-
 from . import env
 
 __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",
@@ -41,6 +41,7 @@ __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankT
            "RemoteError"]
 
 GRACE_S = 5.0  # once one rank has failed, how long the others get to answer
+AGREE_TIMEOUT_S = 300.0  # a rank's wait for the others' values (the parent gives up sooner)
 PROFILE_ENV = "A2A_GATE_PROFILE_RANKS"  # a directory: each rank writes its cProfile there
 
 
@@ -114,6 +115,7 @@ def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes:
         conn.send(("startup", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
     conn.send(("ready", rank, (state["backend"], phases)))
+    state.update(conn=conn, rank=rank, parent=parent, server=server)
     profile_dir = os.environ.get(PROFILE_ENV)
     if not profile_dir:
         return _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent,
@@ -193,25 +195,28 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict) -
             "policies": {}, "engines": {}, "example": {}}
 
 
-def _all_gather_values(group, ep_size: int, value, key: int = 0) -> list:
+def _agree(state, value, key: int = 0) -> list:
     """Every rank's ``value`` (each rank passes its own), with ``key`` checked equal on every
-    rank: one all-gather of a few int64s, the CPU round trip each example pays. A value that
-    is not a plain int (a broken rule's answer) then goes as an object in a second one, so
-    validation judges exactly what each rank computed."""
-    import torch
-    import torch.distributed as dist
-
-    plain = type(value) is int and -2 ** 63 <= value < 2 ** 63
-    got = [torch.empty(3, dtype=torch.int64) for _ in range(ep_size)]
-    dist.all_gather(got, torch.tensor([int(plain), value if plain else 0, key]), group=group)
-    rows = torch.stack(got).tolist()
-    if len({r[2] for r in rows}) != 1:
+    rank, carried by the parent, which talks to every rank already: each rank sends its own
+    and the parent answers every rank with all of them once all have come (a pipe round trip;
+    a gloo all-gather cost about ten times more). Also a barrier: no rank leaves before every
+    rank has arrived. Values travel pickled, as ``all_gather_object`` sends them: the parent
+    relays bytes and never builds a rank's object (a tensor a rule returns stays the ranks')."""
+    conn = state["conn"]
+    conn.send(("agree", state["rank"], pickle.dumps((value, key))))
+    waited = 0.0
+    while not conn.poll(1.0):
+        waited += 1.0
+        if (waited > AGREE_TIMEOUT_S or os.getppid() != state["server"]
+                or not _alive(state["parent"])):
+            raise TimeoutError(f"no agreement from the parent within {waited:.0f} s")
+    msg = conn.recv()
+    if not (isinstance(msg, tuple) and msg[0] == "agreed"):
+        raise RuntimeError(f"expected the ranks' agreement, the parent sent {msg!r}")
+    pairs = [pickle.loads(b) for b in msg[1]]
+    if len({k for _, k in pairs}) != 1:
         raise RuntimeError("ranks received different worlds or hold different workspaces")
-    if all(r[0] for r in rows):
-        return [r[1] for r in rows]
-    values: List[object] = [None] * ep_size
-    dist.all_gather_object(values, value, group=group)
-    return values
+    return [v for v, _ in pairs]
 
 
 def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec,
@@ -220,7 +225,6 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
 
     import numpy as np
     import torch
-    import torch.distributed as dist
 
     from ..emulator.a2a import POISON, expected_recv_counts
     from ..emulator.inputs import make_inputs, reference_outputs
@@ -232,7 +236,7 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
     from .checks import poisoned_rows, rank_problems, stale_rows_ok
     from .flashinfer import new_moe_alltoall
 
-    policies, a2as, cpu = state["policies"], state["a2as"], state["cpu"]
+    policies, a2as = state["policies"], state["a2as"]
     if spec not in policies:
         policies[spec] = load_policy(spec)[1]
     view = world.rank_view(rank)
@@ -247,7 +251,7 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
     if known:  # poisoned before the agreement, which is then also the barrier: the parent sends
         poison()  # an example only when every rank has finished the last, so no peer still reads it
     key = zlib.crc32(repr(world).encode()) << 1 | known
-    values = _all_gather_values(cpu, ep_size, mine, key)
+    values = _agree(state, mine, key)
     if bypass is False:
         validate(values, world.views)  # the same verdict on every rank
     runtime = require_int(values[rank])
@@ -256,7 +260,7 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
         a2as[cap] = new_moe_alltoall(ep_size, rank, cap, top_k=8,
                                      num_experts=max(64, ep_size), workspace_size_per_rank=size)
         poison()
-        dist.barrier(group=cpu)  # nobody writes into a peer before it is poisoned
+        _agree(state, None)  # a barrier: nobody writes into a peer before it is poisoned
     a2a = a2as[cap]
     a2a.top_k, a2a.num_experts = moe.top_k, moe.num_experts
     rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
@@ -345,7 +349,7 @@ def _agree_before_launch(a2a, state, ep_size):
     def dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *a, **k):
         example = state["example"]
         example["launched"] = True  # from here on ranks wait for each other
-        agreed = _all_gather_values(state["cpu"], ep_size, runtime_max_tokens_per_rank)
+        agreed = _agree(state, runtime_max_tokens_per_rank)
         example["values"] = agreed
         if example["bypass"] is False:
             validate(agreed, example["world"].views)
@@ -371,6 +375,8 @@ class RankPool:
         self._start()
 
     def _start(self):
+        import torch.multiprocessing as mp  # here: the parent's protocol needs no torch
+
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first pool
         pipes = [ctx.Pipe() for _ in range(self.ep_size)]
@@ -411,8 +417,9 @@ class RankPool:
     def _collect(self, timeout: float, what: str) -> list:
         """Every rank's answer; the first failure decides, the others get ``GRACE_S``. Waits
         on the ranks' pipes and their process sentinels at once, so a rank that dies is seen
-        as it dies."""
+        as it dies; relays the ranks' agreement (``_agree``) on the way."""
         got: Dict[int, tuple] = {}
+        agree: Dict[int, object] = {}  # the ranks' values on their way to the agreement
         dead: List[int] = []
         deadline = time.monotonic() + timeout
         while len(got) + len(dead) < self.ep_size:
@@ -439,6 +446,15 @@ class RankPool:
                         dead.append(r)
                     continue
                 kind, rank, payload = answer
+                if kind == "agree":  # every rank's value, then all of them back to every rank
+                    agree[rank] = payload
+                    if len(agree) == self.ep_size:
+                        message = ForkingPickler.dumps(
+                            ("agreed", [agree[i] for i in range(self.ep_size)]))
+                        for c in self._conns:
+                            c.send_bytes(message)
+                        agree.clear()
+                    continue
                 got[rank] = (kind, payload)
                 if kind not in ("ready", "ok"):
                     deadline = min(deadline, time.monotonic() + GRACE_S)

@@ -1,0 +1,68 @@
+"""The rank pool's parent side on the CPU, with stand-in ranks that speak its protocol through
+the real ``_agree``: the parent relays every rank's value to every rank, sees a rank's death
+as it happens (not after the example's timeout), and reports a rank's own error as its type."""
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from dispatcher.gpu import rank_pool
+from dispatcher.gpu.rank_pool import RankCrashed, RankPool, RemoteError
+
+
+def _stand_in_rank(conn, rank, parent, behaviour):
+    state = {"conn": conn, "rank": rank, "parent": parent, "server": os.getppid()}
+    conn.recv()  # the example
+    if behaviour == "die":
+        os._exit(3)
+    try:
+        values = rank_pool._agree(state, [rank] * rank, key=7 if behaviour != "other world" else 8)
+        conn.send(("ok", rank, values))
+    except RuntimeError as exc:
+        conn.send(("error", rank, f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.fixture
+def stand_in_pool(tmp_path):
+    made = []
+
+    def make(*behaviours):
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
+        pool = RankPool.__new__(RankPool)
+        pool.ep_size, pool._logs, pool.timeout = len(behaviours), tmp_path, 30.0
+        pipes = [ctx.Pipe() for _ in behaviours]
+        pool._conns = [mine for mine, _ in pipes]
+        pool._procs = [ctx.Process(target=_stand_in_rank, daemon=True,
+                                   args=(theirs, r, os.getpid(), b))
+                       for r, ((_, theirs), b) in enumerate(zip(pipes, behaviours))]
+        for p in pool._procs:
+            p.start()
+        for _, theirs in pipes:
+            theirs.close()
+        for conn in pool._conns:
+            conn.send(("rule", None, None, False))
+        made.append(pool)
+        return pool
+    yield make
+    for pool in made:
+        pool.close(graceful=False)
+
+
+def test_every_rank_gets_every_ranks_value(stand_in_pool):
+    pool = stand_in_pool("ok", "ok", "ok")
+    assert pool._collect(30, "example") == [[[], [1], [2, 2]]] * 3
+
+
+def test_a_rank_that_dies_fails_the_example_at_once(stand_in_pool):
+    pool = stand_in_pool("ok", "die", "ok")  # the others wait for its value, forever
+    t = time.monotonic()
+    with pytest.raises(RankCrashed, match=r"rank process\(es\) \[1\] died"):
+        pool._collect(30, "example")
+    assert time.monotonic() - t < 10  # seen by its process sentinel, not the 30 s timeout
+
+
+def test_ranks_that_received_different_worlds_refuse_together(stand_in_pool):
+    pool = stand_in_pool("ok", "other world")
+    with pytest.raises(RemoteError, match="different worlds"):
+        pool._collect(30, "example")
