@@ -7,20 +7,9 @@ import time
 
 import pytest
 
-from dispatcher.gpu import rank_pool
 from dispatcher.gpu.rank_pool import RankCrashed, RankPool, RemoteError
 
-
-def _stand_in_rank(conn, rank, parent, behaviour):
-    state = {"conn": conn, "rank": rank, "parent": parent, "server": os.getppid()}
-    conn.recv()  # the example
-    if behaviour == "die":
-        os._exit(3)
-    try:
-        values = rank_pool._agree(state, [rank] * rank, key=7 if behaviour != "other world" else 8)
-        conn.send(("ok", rank, values))
-    except RuntimeError as exc:
-        conn.send(("error", rank, f"{type(exc).__name__}: {exc}"))
+from .stand_in_rank import serve_one
 
 
 @pytest.fixture
@@ -33,7 +22,7 @@ def stand_in_pool(tmp_path):
         pool.ep_size, pool._logs, pool.timeout = len(behaviours), tmp_path, 30.0
         pipes = [ctx.Pipe() for _ in behaviours]
         pool._conns = [mine for mine, _ in pipes]
-        pool._procs = [ctx.Process(target=_stand_in_rank, daemon=True,
+        pool._procs = [ctx.Process(target=serve_one, daemon=True,
                                    args=(theirs, r, os.getpid(), b))
                        for r, ((_, theirs), b) in enumerate(zip(pipes, behaviours))]
         for p in pool._procs:
@@ -55,7 +44,7 @@ def test_every_rank_gets_every_ranks_value(stand_in_pool):
 
 
 def test_a_rank_that_dies_fails_the_example_at_once(stand_in_pool):
-    pool = stand_in_pool("ok", "die", "ok")  # the others wait for its value, forever
+    pool = stand_in_pool("ok", "die")  # rank 0 waits for its value, forever
     t = time.monotonic()
     with pytest.raises(RankCrashed, match=r"rank process\(es\) \[1\] died"):
         pool._collect(30, "example")

@@ -1,9 +1,10 @@
-"""The GPU tiers' host <-> device moves, on the CPU: ``to_torch_rows`` (every rank's inputs in
-one copy) and ``read_back`` (every answer in one copy) give back exactly what went in."""
+"""The GPU tiers read every answer back in one copy (``read_back``): on the CPU, each tensor
+comes back as it was, whatever its dtype, shape or layout. (``to_torch_rows``, the other way,
+is checked byte for byte by ``test_stand_in_moe.py``'s bit-exact comparison.)"""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
-from hypothesis.extra.numpy import array_shapes, arrays
+from hypothesis.extra.numpy import array_shapes
 
 torch = pytest.importorskip("torch", reason="the GPU tiers' helpers need torch (CPU is fine)")
 from dispatcher.gpu import torch_ops  # noqa: E402
@@ -29,14 +30,3 @@ def test_read_back_is_every_tensor_as_it_was(ts):
     for t, a in zip(ts, got):
         want = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
         assert a.shape == want.shape and a.dtype == want.dtype and np.array_equal(a, want)
-
-
-@given(st.lists(arrays(st.sampled_from([np.uint8, np.int32, np.float32]),
-                       array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=5)),
-                max_size=6))
-def test_to_torch_rows_is_each_array_as_byte_rows(arrays_):
-    got = torch_ops.to_torch_rows(arrays_, "cpu")
-    for a, t in zip(arrays_, got, strict=True):
-        row = a.itemsize * int(np.prod(a.shape[1:]))
-        assert tuple(t.shape) == (a.shape[0], row) and t.dtype == torch.uint8
-        assert np.array_equal(t.numpy(), np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], row))
