@@ -200,8 +200,9 @@ def _agree(state, value, key: int = 0) -> list:
     rank, carried by the parent, which talks to every rank already: each rank sends its own
     and the parent answers every rank with all of them once all have come (a pipe round trip
     each way, where a rank waited ~1.3 ms an example in gloo all-gathers). Also a barrier: no
-    rank leaves before every rank has arrived. Values travel pickled, as ``all_gather_object`` sends them: the parent
-    relays bytes and never builds a rank's object (a tensor a rule returns stays the ranks')."""
+    rank leaves before every rank has arrived. Values travel pickled, as ``all_gather_object``
+    sends them: the parent relays bytes and never builds a rank's object (a tensor a rule
+    returns stays the ranks')."""
     conn = state["conn"]
     conn.send(("agree", state["rank"], pickle.dumps((value, key))))
     waited = 0.0
@@ -315,7 +316,7 @@ def _run_sglang_example(state, rank, ep_size, world, spec, bypass) -> dict:
         a2a = d.moe_a2a
         _agree_before_launch(a2a, state, ep_size)
         a2a.workspace[rank][aux_offsets(ep_size, a2a.max_num_tokens).payload_data:].fill_(POISON)
-        torch.cuda.synchronize()  # before the agreement inside dispatch(), so every rank has
+        torch.cuda.synchronize()  # poisoned before the agreement inside dispatch(), a barrier
         out = d.dispatch(x, StandardTopKOutput(weights, ids, None))
         runtime = state["example"]["values"][rank]
         topk = out.topk_output
