@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
 __all__ = ["ReleaseError", "Package", "sha256", "companion_function", "exec_engine_file",
-           "reentrant",
-           "fetch_main", "PIP_TIMEOUT_S"]
+           "reentrant", "fetch_main", "PIP_TIMEOUT_S"]
 
 PIP_TIMEOUT_S = 300
 _REPO = Path(__file__).resolve().parents[1]
