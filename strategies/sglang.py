@@ -6,7 +6,10 @@ so that SGLang could produce each one: a CUDA-graph capture runs one batch size 
 rank, a replayed batch fits a graph bucket, an all-idle step exists only where the
 scheduler skips its all-gather (otherwise no idle batch runs), which only deployments that
 give every DP rank the same batch may do, a draft forward is
-speculative, a derived cap is ``max(chunked_prefill_size, 4096)``.
+speculative with its tokens per request (the counts are multiples of it), a derived cap
+is ``max(chunked_prefill_size, 4096)``. Topologies are drawn as server configs: one DP group
+per rank first (the one every release since 0.5.13 accepts), else any; the release under test
+refuses what its own server-arg checks refuse (``dispatcher/sglang/scheduler.py``).
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ def sglang_contexts(draw, forward_modes=FORWARD_MODES):
     draft = speculative and draw(st.booleans())
     return SGLangContext(
         forward_mode=draw(st.sampled_from(forward_modes)), speculative=speculative,
-        draft_forward=draft, draft_extra_tokens=draw(st.integers(1, 4)) if draft else 0,
+        draft_forward=draft, tokens_per_req=draw(_TOKENS_PER_REQ) if draft else 1,
         moe_dense_tp_size=draw(st.sampled_from([None, 1])),
         enable_dp_lm_head=draw(st.booleans()), skip_all_gather=draw(st.booleans()),
         cap_from_env=draw(st.booleans()),
@@ -51,9 +54,13 @@ def _producible(world, ctx):
         # deployments that guarantee every DP rank the same batch (should_skip_...)
         world = replace(world, group_tokens=(max(world.group_tokens),) * world.dp_size,
                         dp_global_kind="recorded", max_len_padding=False)
+    if ctx.tokens_per_req > 1:  # a draft forward holds whole requests of tokens_per_req each
+        k = ctx.tokens_per_req
+        world = replace(world, group_tokens=tuple(n // k * k for n in world.group_tokens))
     if ctx.forward_mode == "replay":  # a bucket is never over the cap (4096 floor)
-        assume(max(world.group_tokens) <= CAPTURE_SIZES[-1])
-        bucket = min(b for b in CAPTURE_SIZES if b >= max(1, *world.group_tokens))
+        k = ctx.tokens_per_req  # buckets count requests; a draft's graph runs k tokens each
+        assume(max(world.group_tokens) // k <= CAPTURE_SIZES[-1])
+        bucket = min(b for b in CAPTURE_SIZES if b >= max(1, *world.group_tokens) // k) * k
         world = replace(world, max_num_tokens=max(world.max_num_tokens, bucket))
     if max(world.group_tokens) == 0:
         assume(ctx.skip_all_gather and world.dp_attention)
@@ -69,9 +76,14 @@ def _worlds(**kwargs):
     return worlds(max_ep=kwargs.pop("max_ep", MAX_EP), **kwargs)
 
 
+# draft decode: topk; draft extend: speculative_num_draft_tokens; multi-layer EAGLE: steps + 1
+_TOKENS_PER_REQ = st.integers(1, 8)
 _ANY_CONTEXT = sglang_contexts()
 _CAP_SIZES = st.sampled_from(CHUNKED_PREFILL_SIZES)
-_EXTRA = st.integers(1, 4)
+_STALE = st.integers(1, 4)
+# DP attention as a server config: one group per rank first (every release's accepted one)
+_DP_ATTENTION = st.sampled_from(("full", True))
+_ANY_TOPOLOGY = st.sampled_from(("full", None))
 
 
 @st.composite
@@ -79,33 +91,36 @@ def sglang_steps(draw, regime: str = "any"):
     """``(world, ctx)`` in ``regime`` (one of REGIMES)."""
     if regime == "any":
         ctx = draw(_ANY_CONTEXT)
-        return _producible(draw(_worlds()), ctx), ctx
+        return _producible(draw(_worlds(dp_attention=draw(_ANY_TOPOLOGY))), ctx), ctx
     if regime == "sp-prescatter":
         return draw(_worlds(ep_sizes=(2, 3, 4, 8), dp_attention=False)), SGLangContext()
     if regime == "constructed-cap":
         ctx = SGLangContext(cap_from_env=draw(st.booleans()),
                             chunked_prefill_size=draw(_CAP_SIZES))
-        return _producible(draw(_worlds(fitting_only=True)), ctx), ctx
+        world = draw(_worlds(fitting_only=True, dp_attention=draw(_ANY_TOPOLOGY)))
+        return _producible(world, ctx), ctx
     if regime == "collapsed-dp-global":
-        world = draw(_worlds(dp_attention=True, fitting_only=True))
+        world = draw(_worlds(dp_attention=draw(_DP_ATTENTION), fitting_only=True))
         return world, SGLangContext(**COLLAPSING)
     if regime == "cuda-graph-buckets":
         ctx = SGLangContext(forward_mode="replay", **COLLAPSING)
-        world = draw(_worlds(dp_attention=True, max_tokens=CAPTURE_SIZES[-1], fitting_only=True))
+        world = draw(_worlds(dp_attention=draw(_DP_ATTENTION), max_tokens=CAPTURE_SIZES[-1],
+                             fitting_only=True))
         return _producible(world, ctx), ctx
     if regime == "all-idle":
         ctx = SGLangContext(skip_all_gather=True)
-        return draw(_worlds(dp_attention=True, shape="all_zero")), ctx
-    if regime == "stale-draft":
-        ctx = SGLangContext(speculative=True, draft_forward=True,
-                            draft_extra_tokens=draw(_EXTRA))
-        return _producible(draw(_worlds(fitting_only=True)), ctx), ctx
+        return draw(_worlds(dp_attention=draw(_DP_ATTENTION), shape="all_zero")), ctx
+    if regime == "stale-draft":  # a hazard (the hardening column), not a context SGLang makes
+        ctx = SGLangContext(speculative=True, draft_forward=True, stale_by=draw(_STALE))
+        world = draw(_worlds(fitting_only=True, dp_attention=draw(_ANY_TOPOLOGY)))
+        return _producible(world, ctx), ctx
     if regime == "padding-slots":
-        return draw(_worlds(fitting_only=True)), SGLangContext()
+        world = draw(_worlds(fitting_only=True, dp_attention=draw(_ANY_TOPOLOGY)))
+        return world, SGLangContext()
     if regime == "extend-over-cap":
         ctx = SGLangContext(forward_mode=draw(st.sampled_from(("extend", "decode", "mixed"))),
                             sp_prefill_a2a=draw(st.booleans()))
-        world = draw(_worlds(cap_placement="payload_minus_1"))
+        world = draw(_worlds(cap_placement="payload_minus_1", dp_attention=draw(_ANY_TOPOLOGY)))
         assume(not world.payload_fits_cap)
         return world, ctx
     raise ValueError(f"unknown regime {regime!r}: one of {REGIMES}")

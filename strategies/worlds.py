@@ -83,7 +83,8 @@ def _draw_topology(draw, max_ep, ep_sizes, dp_attention):
     ep = draw(_choice(tuple(sorted(ep_sizes))) if ep_sizes else _ep_size(max_ep))
     if dp_attention:
         ep = max(ep, 2)
-    divisors = {None: _divisors(ep), True: _divisors(ep)[1:], False: [1]}[dp_attention]
+    divisors = {None: _divisors(ep), True: _divisors(ep)[1:], False: [1],
+                "full": [ep]}[dp_attention]
     return ep, draw(_choice(tuple(divisors)))
 
 
@@ -91,7 +92,8 @@ def _draw_topology(draw, max_ep, ep_sizes, dp_attention):
 def topologies(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
                dp_attention: Optional[bool] = None):
     """``(ep_size, dp_size)``: powers of two mostly, any size up to ``max_ep`` sometimes;
-    ``dp_size`` any divisor (1 = DP attention off); ``dp_attention`` forces it on or off."""
+    ``dp_size`` any divisor (1 = DP attention off); ``dp_attention`` forces it on or off, or
+    ``"full"``: one DP group per rank (attn_tp 1, what SGLang 0.5.13+ require for FlashInfer)."""
     return _draw_topology(draw, max_ep, ep_sizes, dp_attention)
 
 

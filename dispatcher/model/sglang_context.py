@@ -13,8 +13,13 @@ in (docs/sglang.md lists them with the PRs):
 - ``skip_all_gather``: ``SGLANG_SCHEDULER_SKIP_ALL_GATHER``: no all-gather, so idle DP ranks
   run an idle batch even when every rank is idle (the only way an all-idle step reaches
   dispatch, SGLang #22394);
-- ``draft_forward``: a speculative draft forward that still sees the target step's
-  ``dp_global``, ``draft_extra_tokens`` fewer tokens per DP group than it really holds;
+- ``draft_forward``: a speculative draft forward (draft decode, draft extend, multi-layer
+  EAGLE), ``tokens_per_req`` tokens per request (``topk``, ``speculative_num_draft_tokens``,
+  ``num_steps + 1``); SGLang gathers the request counts fresh and scales them by it
+  (``dispatcher/sglang/scheduler.py``), so ``group_tokens`` is a multiple of it;
+- ``stale_by``: the hardening column's hazard only: the draft is handed the target step's
+  list, ``stale_by`` tokens fewer per busy group than it holds (SGLang never does this under
+  DP attention; its MoRI test does it without DP attention, where FlashInfer's A2A is refused);
 - ``cap_from_env``: ``SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK`` set to the world's
   cap; otherwise SGLang derives its cap, which must be ``max(chunked_prefill_size, 4096)``
   (SGLang #26643);
@@ -42,7 +47,8 @@ class SGLangContext:
     forward_mode: str = "decode"
     speculative: bool = False
     draft_forward: bool = False
-    draft_extra_tokens: int = 0
+    tokens_per_req: int = 1
+    stale_by: int = 0
     moe_dense_tp_size: Optional[int] = None
     enable_dp_lm_head: bool = False
     skip_all_gather: bool = False
@@ -53,8 +59,15 @@ class SGLangContext:
     def __post_init__(self):
         if self.forward_mode not in FORWARD_MODES:
             raise ValueError(f"forward_mode {self.forward_mode!r} not in {FORWARD_MODES}")
-        if self.draft_forward and not (self.speculative and self.draft_extra_tokens >= 1):
-            raise ValueError("a draft forward needs speculative=True and draft_extra_tokens >= 1")
+        for name in ("tokens_per_req", "stale_by"):
+            if type(getattr(self, name)) is not int:
+                raise ValueError(f"{name} must be an int")
+        if self.draft_forward and not self.speculative:
+            raise ValueError("a draft forward needs speculative=True")
+        if self.tokens_per_req < 1 or (self.tokens_per_req > 1 and not self.draft_forward):
+            raise ValueError("tokens_per_req >= 1, and > 1 only in a draft forward")
+        if self.stale_by < 0 or (self.stale_by and not self.draft_forward):
+            raise ValueError("stale_by >= 0, and > 0 only in a draft forward")
         if self.moe_dense_tp_size not in (None, 1):
             raise ValueError("moe_dense_tp_size is None or 1 (SGLang asserts it)")
 

@@ -18,7 +18,9 @@ from ..model.world import World
 from ..sizing import NotApplicable
 from .loader import Outcome, SGLangRelease
 
-__all__ = ["BugClass", "BUG_CLASSES", "describe_outcomes", "describe_step", "check_step"]
+__all__ = ["BugClass", "BUG_CLASSES", "BUGS", "HAZARDS", "describe_outcomes", "describe_sources",
+           "describe_step",
+           "check_step"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,10 @@ class BugClass:
     record: str  # where the public record of it is
     applies: Callable[[World, SGLangContext], bool]  # is a step in this class's regime
     check: Callable[[SGLangRelease, World, SGLangContext, List[Outcome]], Optional[str]]
+    # A hazard, not a bug: the dispatcher would break only if another component broke its
+    # invariant (a context SGLang's own code does not produce). Its own column of the
+    # verdict table ("hardening"), never a failing test.
+    hazard: bool = False
 
 
 def describe_outcomes(outs: Sequence[Outcome], world: Optional[World] = None) -> str:
@@ -55,11 +61,20 @@ def describe_outcomes(outs: Sequence[Outcome], world: Optional[World] = None) ->
     return "\n".join(lines)
 
 
+def describe_sources(release: SGLangRelease) -> str:
+    """Which SGLang function produced what each rank saw (``scheduler.Scheduler.sources``)."""
+    src = release.hooks.scheduler.sources
+    return (f"  made by SGLang's own code: config accepted by {src['topology']}; list by "
+            f"{src['gather']}; all-gather skipped per {src['skip_all_gather']}; draft counts "
+            f"by {src['spec_scale']}")
+
+
 def describe_step(release: SGLangRelease, world: World, ctx: SGLangContext,
                   outs: Sequence[Outcome]) -> str:
     """The world in words, what SGLang saw and did on each rank, and the replay line."""
     return (f"world:\n{world.describe()}\n  context: {ctx!r}\n"
             f"  what SGLang {release.label} saw and did:\n{describe_outcomes(outs, world)}\n"
+            f"{describe_sources(release)}\n"
             f"replay: python -m dispatcher --policy {shlex.quote(release.spec)} "
             f"--context \"{ctx!r}\" \"{world!r}\"")
 
@@ -172,7 +187,9 @@ def _extend_over_cap(release, world, ctx, outs):
         if type(rec.runtime) is int and type(rec.max_num_tokens) is int \
                 and rec.runtime > rec.max_num_tokens:
             return (f"EP rank {r} launched runtime {rec.runtime} over its cap "
-                    f"{rec.max_num_tokens}: FlashInfer's assert crashes the server")
+                    f"{rec.max_num_tokens}: the server crashes in FlashInfer 0.7.2 (at dispatch "
+                    f"past MoeAlltoAll's cap check; the kernel's own size check counts the "
+                    f"combine region too, so up to about 2x the cap fails only at combine)")
         if rec.runtime < world.max_rows:
             return (f"EP rank {r} launched runtime {rec.runtime} for {world.max_rows} rows: a "
                     f"silent overflow")
@@ -195,14 +212,18 @@ BUG_CLASSES: Dict[str, BugClass] = {c.key: c for c in (
              lambda w, c: c.forward_mode == "replay" and w.dp_attention, _cuda_graph_buckets),
     BugClass("all-idle", "all-idle DP step", "SGLang #22394",
              lambda w, c: max(w.group_tokens) == 0, _sound_launch),
-    BugClass("stale-draft", "stale draft dp_global", "SGLang's MoRI recv-bound test",
-             lambda w, c: c.draft_forward, _sound_launch),
+    BugClass("stale-draft", "stale draft dp_global (hazard)", "SGLang's MoRI recv-bound test",
+             lambda w, c: c.stale_by > 0, _sound_launch, hazard=True),
     BugClass("padding-slots", "padding slots unmarked", "SGLang #24850",
              lambda w, c: True, _padding),
     BugClass("extend-over-cap", "a batch over the cap", "SGLang #39818",
              lambda w, c: c.forward_mode in ("decode", "extend", "mixed") and not w.payload_fits_cap
              and not c.draft_forward, _extend_over_cap),
 )}
+
+
+BUGS = tuple(k for k, c in BUG_CLASSES.items() if not c.hazard)
+HAZARDS = tuple(k for k, c in BUG_CLASSES.items() if c.hazard)
 
 
 def check_step(release: SGLangRelease, key: str, world: World, ctx: SGLangContext) -> Optional[str]:

@@ -27,6 +27,7 @@ from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from ..wheels import companion_function, exec_engine_file, reentrant
 from . import fetch
+from .scheduler import ServerConfig, load_scheduler
 from .standins import (Hooks, LaunchRecord, Launched, RoutedAround, StandardTopKOutput, _Group,
                        _State, current, mlp_tp_gather, stand_in_globals, stand_in_modules)
 
@@ -101,6 +102,7 @@ class SGLangRelease:
     process_group: object = None  # with real FlashInfer: the group SGLang bootstraps over
     _instances: "OrderedDict[tuple, object]" = field(default_factory=OrderedDict, repr=False)
     _input_cache: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
+    _refusals: Dict[ServerConfig, Optional[str]] = field(default_factory=dict, repr=False)
     MAX_INSTANCES = 2048  # constructed dispatchers kept (LRU): one per rank and shape
 
     @property
@@ -125,6 +127,29 @@ class SGLangRelease:
     def bind(self, world: World, ctx: SGLangContext = SGLangContext()) -> "BoundStep":
         """The policy for one world: each rank's call is that rank's dispatch() runtime."""
         return BoundStep(self, world, ctx)
+
+    def refusal(self, world: World, ctx: SGLangContext = SGLangContext()) -> Optional[str]:
+        """Why the release's own server-arg checks refuse this step's config for FlashInfer's
+        A2A (then it is no step of this release's dispatcher), or None."""
+        config = ServerConfig.of(world, ctx)
+        if config not in self._refusals:
+            self._refusals[config] = self.hooks.scheduler.refusal(config)
+        return self._refusals[config]
+
+    def engine_world(self, world: World, keep_cap: bool = False) -> World:
+        """The nearest world this release runs: ``world``, or, for a topology its server-arg
+        checks refuse, the same rows with every EP rank its own DP group (DP attention with
+        attn_dp_size == tp_size, the topology every release since 0.5.13 requires); rows,
+        cap and ideal runtime are unchanged. ``NotApplicable`` if that is refused too."""
+        if self.refusal(world) is None:
+            return world
+        rows = world.rows_per_rank
+        nearest = replace(world, dp_size=world.ep_size, group_tokens=tuple(rows),
+                          dp_global_kind="recorded", max_len_padding=False)
+        reason = self.refusal(nearest)
+        if reason:
+            raise NotApplicable(reason)
+        return nearest
 
     def dispatcher(self, world: World, rank: int, ctx: SGLangContext):
         """This rank's ``FlashinferDispatcher``, constructed by its own ``__init__`` (kept per
@@ -176,18 +201,24 @@ class SGLangRelease:
     def replay_world(self, world: World, ctx: SGLangContext) -> Optional[World]:
         """The padded step a CUDA-graph replay runs: each DP group's batch rounded up to
         its bucket, chosen from the cross-rank max when the scheduler all-gathers counts
-        and from the group's own batch otherwise (SGLang #30242 / #30450). ``None`` when a
+        and from the group's own batch otherwise (SGLang #30242 / #30450); a draft forward's
+        buckets count requests of ``tokens_per_req`` tokens each. ``None`` when a
         batch is larger than every bucket (the step runs eagerly)."""
         shared = self.records_every_group(world, ctx)
-        need = [max(world.group_tokens)] * world.dp_size if shared else list(world.group_tokens)
+        k = ctx.tokens_per_req  # buckets count requests; a draft's graph runs k tokens each
+        requests = [n // k for n in world.group_tokens]
+        need = [max(requests)] * world.dp_size if shared else requests
         if max(need) > CAPTURE_SIZES[-1]:
             return None
-        buckets = tuple(min(b for b in CAPTURE_SIZES if b >= max(n, 1)) for n in need)
+        buckets = tuple(min(b for b in CAPTURE_SIZES if b >= max(n, 1)) * k for n in need)
         return replace(world, group_tokens=buckets, max_len_padding=False)
 
     def outcome(self, world: World, rank: int, ctx: SGLangContext = SGLangContext()) -> Outcome:
         """Run this release's dispatch() as EP rank ``rank`` of ``world``. In ``replay``
         mode, the value is the one baked when the rank captured its bucket's graph."""
+        refused = self.refusal(world, ctx)
+        if refused:
+            raise NotApplicable(refused)
         if max(world.group_tokens) == 0 and not (ctx.skip_all_gather and world.dp_attention):
             raise NotApplicable("every DP group is idle: SGLang's scheduler runs no forward "
                                 "(no idle batch unless the all-gather is skipped)")
@@ -209,7 +240,9 @@ class SGLangRelease:
                 return Outcome(launch=launched.record, seen_dp_global=state.seen_dp_global)
             except RoutedAround:
                 return Outcome(routed_around=True, seen_dp_global=state.seen_dp_global)
-            except Exception as exc:  # noqa: BLE001 - SGLang's own verdict, reported as such
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - SGLang's own verdict, whatever it raised
                 return Outcome(error=f"{type(exc).__name__}: {exc}",
                                seen_dp_global=state.seen_dp_global)
 
@@ -240,6 +273,8 @@ class BoundStep:
     whole step runs on the first call; asking for a rank again runs it again (so the
     determinism check of ``rule_values`` sees a fresh answer)."""
 
+    engine_step = True  # may raise NotApplicable: a world its engine never runs
+
     def __init__(self, release: SGLangRelease, world: World, ctx: SGLangContext):
         self.release, self.world, self.ctx = release, world, ctx
         self.outcomes: Optional[List[Outcome]] = None
@@ -268,10 +303,11 @@ class BoundStep:
         """Rendered only when a failure is reported."""
         if not self.outcomes:
             return ""
-        from .classes import describe_outcomes
+        from .classes import describe_outcomes, describe_sources
 
         return (f"  what SGLang {self.release.label} saw and did:\n"
-                + describe_outcomes(self.outcomes, self.world))
+                + describe_outcomes(self.outcomes, self.world) + "\n"
+                + describe_sources(self.release))
 
 
 def _companion(path: Optional[Path], name: str) -> Optional[Callable]:
@@ -297,9 +333,10 @@ def load_release(path, label: Optional[str] = None, real_flashinfer: bool = Fals
         raise fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
                                  f"not SGLang's token_dispatcher/flashinfer.py")
     hooks = Hooks(
-        require_mlp_tp_gather=_companion(fetch.companion_file(path, fetch.COMPANIONS[0]),
+        scheduler=load_scheduler(path, stand_in_globals()),
+        require_mlp_tp_gather=_companion(fetch.companion_file(path, fetch.COMMON),
                                          "require_mlp_tp_gather"),
-        a2a_cap=_companion(fetch.companion_file(path, fetch.COMPANIONS[1]),
+        a2a_cap=_companion(fetch.companion_file(path, fetch.OVERRIDES),
                            "flashinfer_a2a_max_dispatch_tokens_per_rank"))
     release = SGLangRelease(path, label or str(path), module, digest, hooks, real_flashinfer)
     _LOADED[digest, real_flashinfer] = release

@@ -24,7 +24,7 @@ from ..model.world import World
 from ..sizing import ceil_align
 
 __all__ = ["Launched", "LaunchRecord", "RoutedAround", "Hooks", "StandIn", "stand_in_modules",
-           "stand_in_globals", "current", "recorded_dp_global"]
+           "stand_in_globals", "current"]
 
 
 class Launched(Exception):
@@ -47,6 +47,7 @@ class Hooks:
 
     require_mlp_tp_gather: Optional[Callable] = None
     a2a_cap: Optional[Callable] = None
+    scheduler: object = None  # scheduler.Scheduler: the release's scheduler-side functions
 
 
 @dataclass
@@ -93,38 +94,13 @@ def _takes_server_args(fn) -> bool:
                for p in inspect.signature(fn).parameters.values())
 
 
-def recorded_dp_global(world: World, ctx: SGLangContext, rank: int, gather: bool):
-    """What ``get_dp_global_num_tokens()`` returns on EP rank ``rank`` (docs/sglang.md):
-
-    - DP attention: every group's padded count when the scheduler all-gathers them
-      (``require_mlp_tp_gather()``), else only this rank's group's count (SGLang #27945);
-      with ``SGLANG_SCHEDULER_SKIP_ALL_GATHER`` nothing is gathered: ``None``, or the local
-      count where the gather is not required (scheduler ``_update_gather_batch``);
-    - no DP attention: the one pre-scatter count, or nothing where the world records
-      nothing; CUDA-graph capture records nothing;
-    - a speculative draft forward sees the target step's counts, ``draft_extra_tokens``
-      fewer per busy group than it holds (at least 1).
-    """
-    tp = world.attn_tp_size
-    if ctx.draft_forward:
-        counts = tuple(max(1, n - ctx.draft_extra_tokens) if n else 0 for n in world.group_tokens)
-        padded = [ceil_align(n, tp) for n in counts]
-        if world.max_len_padding:
-            padded = [max(padded)] * len(padded)
-    else:
-        padded = list(world.padded_group_tokens)
-    if world.dp_attention:
-        if not gather:
-            return [padded[rank // tp]]
-        return None if ctx.skip_all_gather else padded
-    if ctx.forward_mode == "capture" or world.dp_global is None:
-        return None
-    return [] if world.dp_global == () else padded
-
-
 def get_dp_global_num_tokens():
+    """The release's own scheduler-side functions decide it (``scheduler.Scheduler.dp_global``;
+    the stale list of the hardening column when the context asks for one)."""
     s = _state()
-    value = recorded_dp_global(s.world, s.ctx, s.rank, mlp_tp_gather() if s.world.dp_attention else False)
+    gather = mlp_tp_gather() if s.world.dp_attention else False
+    sched = s.hooks.scheduler
+    value = (sched.stale_dp_global if s.ctx.stale_by else sched.dp_global)(s.world, s.ctx, s.rank, gather)
     s.seen_dp_global = value
     return value
 
@@ -259,6 +235,8 @@ class _Env:
             return s.world.max_num_tokens if s.ctx.cap_from_env else default
         if self.name == "SGLANG_MOE_NVFP4_DISPATCH":
             return s.world.moe.payload == "nvfp4"
+        if self.name == "SGLANG_SCHEDULER_SKIP_ALL_GATHER":
+            return s.ctx.skip_all_gather
         return default if default is not None else False
 
 

@@ -5,7 +5,9 @@
 
 Bug classes (``classes.py``): for each release and class, Hypothesis searches that class's
 regime (``strategies.sglang_steps``) for a step where the release's own dispatch() breaks the
-class's check, and shrinks it. Properties: the same for each property of the sizing rule in
+class's check, and shrinks it. A class none of whose steps the release's own server-arg checks
+accept is "unreachable" there (with the refusing file:line); a hazard (a context SGLang's own
+code never produces) has its own column, "hardening": "exposed" or "hardened", never FAIL. Properties: the same for each property of the sizing rule in
 eager decode. "pass" means no counterexample in the search; every FAIL comes with its shrunk
 step, readable in docs/sglang.md and replayable with ``python -m dispatcher``.
 """
@@ -22,7 +24,7 @@ from strategies.search import minimal
 from ..model.properties import COLUMNS, RuleCrashed, breaks, rule_values
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
-from .classes import BUG_CLASSES, check_step
+from .classes import BUG_CLASSES, BUGS, HAZARDS, check_step
 from .fetch import ReleaseError
 from .loader import SGLangRelease, release_from_spec
 
@@ -42,11 +44,22 @@ class Verdict:
     column: str
     example: Optional[Tuple[World, SGLangContext]]  # shrunk counterexample, None: holds
     detail: str = ""
+    unreachable: bool = False  # no step of the class's regime is a config the release accepts
+
+
+def reachable(release: SGLangRelease, key: str, max_examples: int = CLASS_EXAMPLES) -> bool:
+    """Whether some step of class ``key``'s regime is one the release accepts."""
+    return minimal(sglang_steps(key), lambda wc: BUG_CLASSES[key].applies(*wc)
+                   and release.refusal(*wc) is None, max_examples) is not None
 
 
 def class_verdicts(release: SGLangRelease, max_examples: int = CLASS_EXAMPLES) -> Dict[str, Verdict]:
     out = {}
     for key in BUG_CLASSES:
+        if not reachable(release, key, max_examples):
+            out[key] = Verdict(key, None, f"unreachable in {release.label}: "
+                               f"{release.hooks.scheduler.sources['topology']}", True)
+            continue
         found = minimal(sglang_steps(key), lambda wc, key=key: check_step(release, key, *wc) is not None,
                         max_examples)
         detail = "" if found is None else check_step(release, key, *found).splitlines()[0]
@@ -77,12 +90,17 @@ def _table(title: str, columns: List[str], rows: List[Tuple[str, Dict[str, Verdi
         cells = []
         for c in columns:
             v = verdicts[c]
+            if v.unreachable:
+                notes.append(f"[{len(notes) + 1}] {label} {c}: {v.detail}")
+                cells.append(f"unreachable [{len(notes)}]")
+                continue
+            hazard = c in HAZARDS
             if v.example is None:
-                cells.append("pass")
+                cells.append("hardened" if hazard else "pass")
                 continue
             notes.append(f"[{len(notes) + 1}] {label} {c}: {v.detail}; `{v.example[0]!r}`"
                          + ("" if v.example[1] == SGLangContext() else f" with `{v.example[1]!r}`"))
-            cells.append(f"**FAIL** [{len(notes)}]")
+            cells.append(f"exposed [{len(notes)}]" if hazard else f"**FAIL** [{len(notes)}]")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -96,7 +114,7 @@ def tables(specs) -> str:
     by_property = [(r.label, property_verdicts(r)) for r in releases]
     notes: List[str] = []
     header = [f"{c.title} ({c.record})" for c in BUG_CLASSES.values()]
-    first = _table("release", list(BUG_CLASSES), by_class, notes)
+    first = _table("release", list(BUGS) + list(HAZARDS), by_class, notes)
     second = _table("release", list(COLUMNS), by_property, notes)
     legend = " / ".join(f"`{k}`: {h}" for k, h in zip(BUG_CLASSES, header))
     return (f"{first}\n\n{legend}\n\n{second}\n\n" + "\n".join(f"- {n}" for n in notes)

@@ -1,0 +1,288 @@
+"""What SGLang's own scheduler-side code hands the dispatcher, run from the release under test.
+
+The dispatcher reads ``get_dp_global_num_tokens()`` and its rows; both are made before it runs,
+by the server-arg checks (which topologies may use FlashInfer's A2A at all), the scheduler's DP
+gather and the speculative workers' per-forward counts. This module runs those functions from
+the release's (or the checkout's) own files, each compiled alone on stand-in inputs
+(``wheels.companion_function``), so a reader can hold it line by line against SGLang:
+
+====================================  =========================================================
+SGLang function (paths under srt/)    what it decides here
+====================================  =========================================================
+``arg_groups/moe_hook.py``            whether the server config may use FlashInfer's A2A
+``_flashinfer_a2a_topology_is_        (0.5.23+: the function; 0.5.13-0.5.22: the ``assert``
+supported`` / the ``assert`` under    under ``if ... == "flashinfer":`` in ``moe_hook.py`` or
+``moe_a2a_backend == "flashinfer"``   ``server_args.py``, its expression evaluated as written;
+                                      0.5.10-0.5.12 check nothing)
+``managers/scheduler_components/      the list the scheduler stores on the batch: every DP
+dp_attn.py: _update_gather_batch``    group's count, or only the local one when
+                                      ``require_mlp_tp_gather()`` is False (SGLang #27945)
+``...dp_attn.py: should_skip_         whether the all-gather runs (0.5.19+; before, the env var
+scheduler_all_gather``                ``SGLANG_SCHEDULER_SKIP_ALL_GATHER`` alone)
+``speculative/spec_info.py:           a speculative forward's counts: the gathered request
+spec_scale_global_num_tokens``        counts times its tokens per request (0.5.16+; before,
+                                      ``SpecInput.get_spec_adjusted_global_num_tokens``, the
+                                      same product)
+====================================  =========================================================
+
+Two steps stay stand-ins, documented in docs/sglang.md: the forward batch's padding of each
+group's count to a multiple of attn_tp (and to the max in MAX_LEN mode) in
+``ForwardBatch.prepare_mlp_sync_batch`` (a method needing a model runner), and CUDA-graph
+capture, which records no list. A lone ``flashinfer.py`` has no companion files: the newest
+release's behaviour stands in for each function (``NEWEST``), and ``Scheduler.sources`` says
+so.
+"""
+from __future__ import annotations
+
+import ast
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple
+
+from ..model.sglang_context import SGLangContext
+from ..model.world import World
+from ..sizing import ceil_align
+from ..wheels import companion_function
+from . import fetch
+
+__all__ = ["ServerConfig", "Scheduler", "load_scheduler", "MUSE_SPARK"]
+
+MUSE_SPARK = "MuseSparkForConditionalGeneration"  # the one architecture with layernorm-SP
+NEWEST = "the newest pinned release's behaviour (no companion file beside the dispatcher)"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The server args a step implies (what ``--tp``, ``--dp``, ``--enable-dp-attention``, ...
+    were). A world without DP attention and attn_tp > 1 is sequence parallelism: in 0.5.23
+    only Muse Spark's layernorm-SP reaches FlashInfer's A2A that way, so such a config names it;
+    a single rank runs with DP attention of size 1."""
+
+    tp_size: int
+    ep_size: int
+    dp_size: int
+    enable_dp_attention: bool
+    enable_layernorm_sp: bool
+    architecture: Optional[str]
+    moe_dense_tp_size: Optional[int]
+    enable_dp_lm_head: bool
+    speculative_algorithm: Optional[str]
+    skip_all_gather: bool
+
+    @property
+    def attn_dp_size(self) -> int:
+        return self.dp_size if self.enable_dp_attention else 1
+
+    @classmethod
+    def of(cls, world: World, ctx: SGLangContext) -> "ServerConfig":
+        sp = not world.dp_attention and world.ep_size > 1
+        return cls(tp_size=world.ep_size, ep_size=world.ep_size, dp_size=world.dp_size,
+                   enable_dp_attention=not sp, enable_layernorm_sp=sp,
+                   architecture=MUSE_SPARK if sp else None,
+                   moe_dense_tp_size=ctx.moe_dense_tp_size,
+                   enable_dp_lm_head=ctx.enable_dp_lm_head,
+                   speculative_algorithm="EAGLE" if ctx.speculative else None,
+                   skip_all_gather=ctx.skip_all_gather)
+
+
+class _Anything(types.SimpleNamespace):
+    """A stand-in object (a batch, a sync info): the fields given; any other reads as None."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+def _newest_topology(*, architecture, tp_size, ep_size, attn_dp_size, attn_dp_enabled,
+                     enable_layernorm_sp) -> bool:
+    """0.5.23's ``_flashinfer_a2a_topology_is_supported`` (stands in for a lone file)."""
+    if attn_dp_enabled and attn_dp_size == tp_size:
+        return True
+    return (architecture == MUSE_SPARK and enable_layernorm_sp and not attn_dp_enabled
+            and attn_dp_size == 1 and (tp_size, ep_size) in ((4, 4), (8, 8)))
+
+
+_TOPOLOGY_NAMES = {"dp_size", "tp_size", "attn_dp_size", "enable_dp_attention", "attn_dp_enabled_of"}
+
+
+def _names(node: ast.AST) -> set:
+    return {getattr(n, "attr", None) or getattr(n, "id", None) for n in ast.walk(node)}
+
+
+def _flashinfer_assert(path: Path) -> Optional[Tuple[ast.expr, int]]:
+    """The first ``assert`` on the topology (it reads dp/tp sizes or DP attention) directly
+    under ``if <...a2a...> == "flashinfer":`` in ``path`` (how 0.5.13-0.5.22 refuse a
+    topology), with its line."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)):
+            continue
+        left, comps = node.test.left, node.test.comparators
+        name = left.attr if isinstance(left, ast.Attribute) else getattr(left, "id", "")
+        if not ("a2a" in name and len(comps) == 1 and isinstance(comps[0], ast.Constant)
+                and comps[0].value == "flashinfer" and isinstance(node.test.ops[0], ast.Eq)):
+            continue
+        for stmt in node.body:
+            if isinstance(stmt, ast.Assert) and _names(stmt.test) & _TOPOLOGY_NAMES:
+                return stmt.test, stmt.lineno
+    return None
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """The scheduler-side functions of one release, each with where it came from."""
+
+    topology: Callable[[ServerConfig], bool]
+    update_gather_batch: Optional[Callable]
+    should_skip_all_gather: Optional[Callable]
+    spec_scale: Optional[Callable]
+    sources: Dict[str, str]  # what decided each step: "file:line function" or the stand-in
+
+    # --- server args -------------------------------------------------------------------------
+    def refusal(self, config: ServerConfig) -> Optional[str]:
+        """None if the release accepts ``config`` for FlashInfer's A2A, else why not."""
+        if self.topology(config):
+            return None
+        return (f"SGLang refuses --moe-a2a-backend flashinfer with tp={config.tp_size}, "
+                f"dp={config.dp_size}, DP attention {'on' if config.enable_dp_attention else 'off'}"
+                f"{', layernorm-SP' if config.enable_layernorm_sp else ''} "
+                f"({self.sources['topology']})")
+
+    # --- the scheduler's DP gather -------------------------------------------------------------
+    def skips_all_gather(self, config: ServerConfig) -> bool:
+        if self.should_skip_all_gather is None:
+            return config.skip_all_gather
+        return bool(self.should_skip_all_gather(config.dp_size))
+
+    def gathered(self, world: World, ctx: SGLangContext, rank: int, require_gather: bool):
+        """``batch.global_num_tokens`` after the release's ``_update_gather_batch`` on this
+        rank (DP attention on), in the scheduler's units (requests on decode-family steps)."""
+        config = ServerConfig.of(world, ctx)
+        counts = [n // ctx.tokens_per_req for n in world.group_tokens]
+        skip = self.skips_all_gather(config) and world.dp_size > 1
+        info = _Anything(num_tokens=counts[rank // world.attn_tp_size],
+                         num_tokens_for_logprob=counts[rank // world.attn_tp_size],
+                         global_num_tokens=None if skip else counts,
+                         global_num_tokens_for_logprob=None if skip else counts)
+        batch = _Anything()
+        if self.update_gather_batch is None:
+            batch.global_num_tokens = info.global_num_tokens if require_gather else [info.num_tokens]
+        else:
+            self.update_gather_batch(batch, info, require_gather)
+        return batch.global_num_tokens
+
+    def dp_global(self, world: World, ctx: SGLangContext, rank: int, require_gather: bool):
+        """What ``get_dp_global_num_tokens()`` returns on EP rank ``rank``.
+
+        DP attention: the release's gather (above), scaled to a speculative forward's tokens
+        by its own ``spec_scale_global_num_tokens``, then padded as the forward batch pads
+        (a multiple of attn_tp; every entry the max in MAX_LEN mode). Without DP attention
+        (SP): the one pre-scatter count, nothing in CUDA-graph capture or where the world
+        records nothing."""
+        tp = world.attn_tp_size
+        if not world.dp_attention:
+            if ctx.forward_mode == "capture" or world.dp_global is None:
+                return None
+            return [] if world.dp_global == () else list(world.padded_group_tokens)
+        listed = self.gathered(world, ctx, rank, require_gather)
+        if listed is None:
+            return None
+        if ctx.tokens_per_req > 1:
+            if self.spec_scale is None:
+                listed = [n * ctx.tokens_per_req for n in listed]
+            else:
+                spec = _Anything(num_tokens_per_req=ctx.tokens_per_req,
+                                 num_tokens_for_logprob_per_req=ctx.tokens_per_req)
+                listed = list(self.spec_scale(spec, list(listed), list(listed))[0])
+        padded = [ceil_align(n, tp) for n in listed]
+        if world.max_len_padding:
+            padded = [max(world.padded_group_tokens)] * len(padded)
+        return padded
+
+    def stale_dp_global(self, world: World, ctx: SGLangContext, rank: int, require_gather: bool):
+        """The hazard of the hardening column: a draft forward handed the target step's list,
+        ``ctx.stale_by`` tokens fewer per busy group than it holds. SGLang rebuilds the list
+        every forward under DP attention (docs/sglang.md); only its MoRI test, without DP
+        attention, keeps a stale one."""
+        listed = self.dp_global(world, ctx, rank, require_gather)
+        if listed is None or not ctx.stale_by:
+            return listed
+        return [max(1, n - ctx.stale_by) if n else 0 for n in listed]
+
+
+def _source(path: Optional[Path], name: str, fn) -> str:
+    if fn is None or path is None:
+        return NEWEST if path is None else f"not in {_rel(path)}: the stand-in"
+    return f"{_rel(path)}:{fn.__code__.co_firstlineno} {name}()"
+
+
+def _rel(path: Path) -> str:
+    p = Path(path).as_posix()
+    return p[p.index("sglang/srt/"):] if "sglang/srt/" in p else p
+
+
+def _topology(main: Path, namespace: Dict[str, object]) -> Tuple[Callable, str]:
+    hook = fetch.companion_file(main, fetch.MOE_HOOK)
+    server_args = fetch.companion_file(main, fetch.SERVER_ARGS)
+    if hook is None and server_args is None:
+        return (lambda c: _newest_topology(**_topology_kwargs(c))), NEWEST
+    if hook is not None:
+        fn = companion_function(hook, "_flashinfer_a2a_topology_is_supported", namespace)
+        if fn is not None:
+            return (lambda c: bool(fn(**_topology_kwargs(c)))), _source(
+                hook, "_flashinfer_a2a_topology_is_supported", fn)
+    for path in (hook, server_args):
+        found = None if path is None else _flashinfer_assert(path)
+        if found is None:
+            continue
+        test, line = found
+        code = compile(ast.Expression(test), str(path), "eval")
+
+        def check(c: ServerConfig, code=code) -> bool:
+            cfg = _Anything(**{k: getattr(c, k) for k in ServerConfig.__dataclass_fields__},
+                            attn_dp_size=c.attn_dp_size)
+            scope = dict(namespace, self=cfg, cfg=cfg, server_args=cfg,
+                         resolved_view=lambda a: a,
+                         attn_dp_enabled_of=lambda a: a.enable_dp_attention)
+            return bool(eval(code, scope))  # the release's own expression, its names answered
+        return check, f"{_rel(path)}:{line} assert under moe_a2a_backend == \"flashinfer\""
+    where = _rel(hook or server_args)
+    return (lambda c: True), f"no FlashInfer A2A topology check in {where}: every topology"
+
+
+def _topology_kwargs(c: ServerConfig) -> dict:
+    return dict(architecture=c.architecture, tp_size=c.tp_size, ep_size=c.ep_size,
+                attn_dp_size=c.attn_dp_size, attn_dp_enabled=c.enable_dp_attention,
+                enable_layernorm_sp=c.enable_layernorm_sp)
+
+
+def load_scheduler(main: Path, namespace: Dict[str, object]) -> Scheduler:
+    """The scheduler-side functions of the tree ``main`` (the dispatcher file) sits in, compiled
+    alone in ``namespace`` (the stand-ins answer their module-level names, e.g. ``envs``)."""
+    topology, topo_source = _topology(main, namespace)
+    dp_attn = next((p for p in (fetch.companion_file(main, f) for f in fetch.DP_ATTN) if p), None)
+    spec = fetch.companion_file(main, fetch.SPEC_INFO)
+
+    def get(path, name):
+        return None if path is None else companion_function(path, name, namespace)
+
+    update = get(dp_attn, "_update_gather_batch")
+    skip = get(dp_attn, "should_skip_scheduler_all_gather")
+    scale = get(spec, "spec_scale_global_num_tokens")
+    if dp_attn is not None and skip is None:
+        skip_source = f"not in {_rel(dp_attn)}: SGLANG_SCHEDULER_SKIP_ALL_GATHER alone"
+    else:
+        skip_source = _source(dp_attn, "should_skip_scheduler_all_gather", skip)
+    if spec is not None and scale is None:
+        scale_source = (f"not in {_rel(spec)}: SpecInput.get_spec_adjusted_global_num_tokens, "
+                        f"requests x tokens per request")
+    else:
+        scale_source = _source(spec, "spec_scale_global_num_tokens", scale)
+    return Scheduler(topology, update, skip, scale, {
+        "topology": topo_source,
+        "gather": _source(dp_attn, "_update_gather_batch", update),
+        "skip_all_gather": skip_source,
+        "spec_scale": scale_source,
+    })
