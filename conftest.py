@@ -8,6 +8,7 @@ HYPOTHESIS_PROFILE         dev (default) | ci | thorough | gpu | repro
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -42,7 +43,8 @@ from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
 
 from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
-from dispatcher.policies import DEFAULT_POLICY, PolicyError, engine_spec, load_policy  # noqa: E402
+from dispatcher.policies import (DEFAULT_POLICY, PolicyError, engine_spec, load_policy,  # noqa: E402
+                                 probe_policy)
 
 # --- Hypothesis profiles: registered once, chosen by HYPOTHESIS_PROFILE -------------------
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -66,6 +68,9 @@ def pytest_addoption(parser):
                          "(default: %(default)s)")
     group.addoption("--require-gpus", action="store_true",
                     help="fail, rather than skip, gpu/multi_gpu tests that cannot run here")
+    group.addoption("--allow-missing-releases", action="store_true",
+                    help="skip, rather than fail, the tests of a pinned SGLang/vLLM release "
+                         "that cannot be had here (offline, no cache)")
     group.addoption("--rule-budget-ms", type=float, default=properties.RULE_BUDGET.seconds * 1e3,
                     metavar="MS", help="mean milliseconds one rule call may take "
                                        "(default: %(default)s)")
@@ -83,17 +88,49 @@ def policy(policy_spec):
 
 
 @pytest.fixture(scope="session")
-def engine_under_test(policy, policy_spec):
+def load_release(pytestconfig):
+    """``load(spec) -> release``: a pinned engine release; one that cannot be had fails the
+    test that asked for it, naming the release and why (a skip only with
+    ``--allow-missing-releases``), so a missing release never passes as "skipped"."""
+    allowed = pytestconfig.getoption("--allow-missing-releases")
+
+    def load(spec: str):
+        try:
+            return load_policy(spec)[1]
+        except PolicyError as exc:
+            (pytest.skip if allowed else pytest.fail)(
+                f"{spec} unavailable: {exc} (--allow-missing-releases skips instead)")
+    return load
+
+
+class Releases(dict):
+    """``releases[key]`` loaded on first use by ``load(key)``: one release that cannot be had
+    fails the tests that use it, not the others."""
+
+    def __init__(self, load):
+        super().__init__()
+        self._load = load
+
+    def __missing__(self, key):
+        self[key] = value = self._load(key)
+        return value
+
+
+@pytest.fixture(scope="session")
+def pinned_releases(load_release):
+    """``table("sglang:{}")``: the releases of that spec template, each loaded on first use."""
+    return lambda template: Releases(lambda v: load_release(template.format(v)))
+
+
+@pytest.fixture(scope="session")
+def engine_under_test(policy, policy_spec, load_release):
     """``get(engine) -> (spec, release)``: what an engine's own tiers run (the ``--policy`` one
-    when it is that engine's, else its newest pinned release); skips where it cannot load."""
+    when it is that engine's, else its newest pinned release)."""
     def get(engine: str):
         spec = engine_spec(policy_spec, policy, engine)
         if spec == policy_spec:
             return spec, policy
-        try:
-            return spec, load_policy(spec)[1]
-        except PolicyError as exc:
-            pytest.skip(f"{engine} release unavailable: {exc}")
+        return spec, load_release(spec)
     return get
 
 
@@ -102,10 +139,14 @@ def pytest_configure(config):
         raise pytest.UsageError(f"HYPOTHESIS_PROFILE={_PROFILE!r} is not a profile of this "
                                 f"suite: use one of {', '.join(PROFILES)}")
     settings.load_profile(_PROFILE)
-    if config.getoption("--rule-budget-ms") <= 0:
-        raise pytest.UsageError("--rule-budget-ms must be positive")
+    budget = config.getoption("--rule-budget-ms")
+    if not math.isfinite(budget) or budget <= 0:
+        raise pytest.UsageError(f"--rule-budget-ms must be a positive number of milliseconds, "
+                                f"got {budget}")
     properties.RULE_BUDGET.seconds = config.getoption("--rule-budget-ms") / 1e3
     try:
+        if not hasattr(config, "workerinput"):  # once per run: the controller probes it
+            probe_policy(config.getoption("--policy"))
         config.stash[_POLICY] = load_policy(config.getoption("--policy"))[1]
     except PolicyError as exc:
         raise pytest.UsageError(str(exc)) from None

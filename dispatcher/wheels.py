@@ -87,9 +87,9 @@ def exec_engine_file(path: Path, module_name: str, sandbox, spec_name: str):
     try:
         with sandbox:
             spec.loader.exec_module(module)
-    except ImportError:
+    except (ImportError, KeyboardInterrupt):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # noqa: BLE001 - SystemExit at import is a bad file too
         raise ReleaseError(f"{spec_name}:{path}: loading it raised {type(exc).__name__}: "
                            f"{exc}") from exc
     logging.getLogger(module_name).setLevel(logging.ERROR)  # e.g. "No tokens on this DP worker"
@@ -143,7 +143,10 @@ class Package:
         try:
             manifest = json.loads((folder / "manifest.json").read_text())
             recorded, main = manifest["sha256"], manifest.get("main", self.main[0])
+            looked_for = manifest.get("looked_for")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if looked_for != list(self.main + self.companions):  # kept by an older gate: refetch
             return None
         for name, digest in recorded.items():
             if not (folder / name).is_file() or sha256(folder / name) != digest:
@@ -170,23 +173,38 @@ class Package:
                 (staged / name).write_bytes(data)
             (staged / "manifest.json").write_text(json.dumps({
                 "origin": origin, "wheel": wheel.name, "wheel_sha256": sha256(wheel),
-                "main": main,
+                "main": main, "looked_for": list(self.main + self.companions),
                 "sha256": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}},
                 indent=1) + "\n")
             if folder.exists():  # a stale or corrupt entry: replace it whole
                 os.replace(folder, Path(tmp) / "old")
-            os.replace(staged, folder)
+            try:
+                os.replace(staged, folder)
+            except OSError:  # another process put a copy there first: use it if it verifies
+                if not self.verified(folder):
+                    raise
         return folder / main
 
     def fetch_release(self, version: str) -> Path:
         """The release's main file, from the verified cache or PyPI. Safe to call from
-        several xdist workers at once (each downloads privately; the entry is renamed in)."""
+        several processes at once (xdist workers): one fetches under a lock per release,
+        the others wait for it (bounded) and use its verified copy."""
         version = self.canonical_version(version)
         folder = self.cache_dir() / version
         hit = self.verified(folder)
         if hit:
             return hit
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with _locked(folder.parent / f".{version}.lock", PIP_TIMEOUT_S + 60,
+                         f"{self.name}:{version}"):
+                return self.verified(folder) or self._download(version, folder)
+        except OSError as exc:
+            raise ReleaseError(f"{self.name}:{version}: the cache {folder.parent} cannot be "
+                               f"written ({exc.strerror or exc}); set {self.cache_env} to a "
+                               f"writable folder") from None
+
+    def _download(self, version: str, folder: Path) -> Path:
         hint = (f"(offline? pre-fetch with python -m dispatcher.{self.name} fetch {version}, "
                 f"or set {self.cache_env})")
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
@@ -247,6 +265,29 @@ class Package:
             version = self.canonical_version(target)
             return self.fetch_release(version), version
         raise ReleaseError(f"{self.name}:{target}: no such file or folder, and not a version")
+
+
+@contextmanager
+def _locked(path: Path, timeout_s: float, what: str):
+    """An exclusive lock on ``path`` across processes, waited for at most ``timeout_s``."""
+    import fcntl
+    import time
+
+    with open(path, "a") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ReleaseError(f"{what}: another process has been fetching it for "
+                                       f"over {timeout_s:.0f} s (lock {path})") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def fetch_main(package: Package, pinned, argv) -> int:

@@ -11,7 +11,6 @@ import pytest
 pytest.importorskip("torch", reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
 from dispatcher.model.world import World  # noqa: E402
-from dispatcher.policies import PolicyError, load_policy  # noqa: E402
 from dispatcher.vllm.verdicts import RELEASES, TWO_SIDED_REGIMES, broken_columns  # noqa: E402
 from strategies import vllm_worlds  # noqa: E402
 from strategies.search import first_in, visited  # noqa: E402
@@ -32,13 +31,9 @@ PCP_WORLD = World(ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=2)
 
 
 @pytest.fixture(scope="session")
-def releases():
-    try:
-        one = {v: load_policy(f"vllm:{v}")[1] for v in RELEASES}
-        two = {v: load_policy(f"vllm:{v}@two-sided")[1] for v in TWO_SIDED}
-    except PolicyError as exc:
-        pytest.skip(f"vLLM releases unavailable: {exc}")
-    return one, two
+def releases(pinned_releases):
+    """Each pinned release, loaded when a test first reads it (a missing one fails its tests)."""
+    return pinned_releases("vllm:{}"), pinned_releases("vllm:{}@two-sided")
 
 
 def test_the_table_covers_every_release():
