@@ -15,6 +15,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     vllm_specs = [s for s in args.specs if s.startswith("vllm")]
     sglang_specs = [s for s in args.specs if not s.startswith("vllm")]
+    left_out = {"sglang": vllm_specs, "vllm": sglang_specs}.get(args.engine, [])
+    if left_out:
+        parser.error(f"--engine {args.engine} does not gate {', '.join(left_out)} "
+                     f"(use --engine both, or leave them out)")
     try:
         if args.engine in ("sglang", "both") and (sglang_specs or not args.specs):
             from .sglang.verdicts import RELEASES as SGLANG, tables as sglang_tables

@@ -17,6 +17,7 @@ from .world import MoeConfig, World
 __all__ = ["BadWorld", "parse_world", "parse_context", "MAX_WORLD_TEXT"]
 
 MAX_WORLD_TEXT = 20_000  # characters: a 64-rank world's repr is well under 1,000
+MAX_INT = 10**12  # no count of a world comes near it
 _CLASSES = {"World": World, "MoeConfig": MoeConfig, "SGLangContext": SGLangContext}
 
 
@@ -41,7 +42,17 @@ def _parse(text: str, expected: str):
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise BadWorld(f"not a {expected}(...) repr: {exc.msg} at column {exc.offset}") from None
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        raise BadWorld(f"not a {expected}(...) repr: {exc}") from None
     return _build(tree.body, expected)
+
+
+def _ints(value):
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _ints(v)
+    else:
+        yield value
 
 
 def _build(node: ast.AST, expected: str):
@@ -55,14 +66,19 @@ def _build(node: ast.AST, expected: str):
     for kw in node.keywords:
         if kw.arg is None:
             raise BadWorld(f"{expected}(...): ** arguments are not accepted")
+        if kw.arg in kwargs:
+            raise BadWorld(f"{expected}(...): {kw.arg}= is given twice")
         if expected == "World" and kw.arg == "moe":
             kwargs["moe"] = _build(kw.value, "MoeConfig")
             continue
         try:
-            kwargs[kw.arg] = ast.literal_eval(kw.value)
-        except ValueError:
+            kwargs[kw.arg] = value = ast.literal_eval(kw.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             raise BadWorld(f"{expected}({kw.arg}=...): only literals are accepted, got "
                            f"{ast.unparse(kw.value)[:80]!r}") from None
+        if any(type(n) is int and abs(n) > MAX_INT for n in _ints(value)):
+            raise BadWorld(f"{expected}({kw.arg}=...): a count above {MAX_INT:,} is no world "
+                           f"this suite can build")
     try:
         return _CLASSES[expected](**kwargs)
     except TypeError as exc:

@@ -52,12 +52,16 @@ class RuleBudget:
 
     def charge(self, seconds: float, name: str) -> None:
         self.calls += 1
+        if self.calls <= self.warmup:  # warm-up calls are not counted at all
+            return
         self.spent += seconds
-        if self.calls >= self.warmup and self.spent / self.calls > self.seconds:
-            mean = self.spent / self.calls
+        counted = self.calls - self.warmup
+        if counted >= self.warmup and self.spent / counted > self.seconds:
+            mean = self.spent / counted
             raise SlowRule(
                 f"[slow rule] {name} takes {mean * 1e3:.0f} ms per call on average over "
-                f"{self.calls} calls (budget {self.seconds * 1e3:.0f} ms): the ci profile makes "
+                f"{counted} calls after {self.warmup} warm-up calls (budget "
+                f"{self.seconds * 1e3:.0f} ms): the ci profile makes "
                 f"about 45,000 calls, i.e. {45_000 * mean / 3600:.1f} h. Make the rule cheaper "
                 f"or raise the budget with --rule-budget-ms.")
 
@@ -122,7 +126,12 @@ def _call(policy, view, world, values, name):
     t0 = time.perf_counter()
     try:
         value = policy(view)
-    except NotApplicable:
+    except NotApplicable as exc:
+        if not getattr(policy, "engine_step", False):  # only an engine's step may say so
+            raise RuleCrashed(f"[rule crashed] {name} raised NotApplicable: {exc} on EP rank "
+                              f"{view.ep_rank}: only an engine policy may declare a world "
+                              f"impossible\n{explain(world, _with(values, '<raised>'), name)}"
+                              ) from exc
         raise
     except A2ASizingError as exc:
         if not world.payload_fits_cap:
@@ -131,7 +140,9 @@ def _call(policy, view, world, values, name):
             f"[rule crashed] {name} refused a world where runtime {world.ideal_runtime} is "
             f"valid: {type(exc).__name__}: {exc}\n"
             f"{explain(world, _with(values, '<refused>'), name)}") from exc
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - pytest.skip(), SystemExit, ...: a verdict
         raise RuleCrashed(
             f"[rule crashed] {name} raised {type(exc).__name__}: {exc} on EP rank "
             f"{view.ep_rank}\n{explain(world, _with(values, '<raised>'), name)}") from exc

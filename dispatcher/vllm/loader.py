@@ -221,7 +221,9 @@ class VLLMRelease:
             return Outcome(launch=launched.record, seen_local_sizes=state.seen_local_sizes)
         except ReleaseError:
             raise
-        except Exception as exc:  # noqa: BLE001 - vLLM's own verdict, reported as such
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - vLLM's own verdict, whatever it raised
             return Outcome(error=f"{type(exc).__name__}: {exc}",
                            seen_local_sizes=state.seen_local_sizes)
         finally:
@@ -244,6 +246,8 @@ def _init_params(cls) -> tuple:
 class BoundVLLMStep:
     """A release bound to one world: called with a rank's view it returns the per-rank
     maximum that rank's prepare() launched with; ``notes()`` says what each rank saw."""
+
+    engine_step = True  # may raise NotApplicable: a world its engine never runs
 
     replay_args = ""
 
@@ -326,9 +330,12 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
 
 def release_from_spec(target: str) -> VLLMRelease:
     """``vllm:TARGET[@two-sided]``: "" (installed), a version, a wheel, a checkout or the file."""
-    target, _, side = target.partition("@")
-    if side not in ("", "one-sided", "two-sided"):
-        raise ReleaseError(f"vllm:{target}@{side}: the suffix selects a backend: @one-sided "
+    head, at, tail = target.rpartition("@")
+    side = ""
+    if at and tail in ("one-sided", "two-sided"):
+        target, side = head, tail
+    elif at and not Path(target).exists():  # a path may hold "@" (a CI workspace: job@2)
+        raise ReleaseError(f"vllm:{target}: the suffix @{tail} selects no backend: @one-sided "
                            f"(the default) or @two-sided")
     path, label = fetch.PACKAGE.main_file(target)
     if side == "two-sided":

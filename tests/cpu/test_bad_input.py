@@ -160,7 +160,8 @@ def test_a_local_wheel_never_stands_in_for_the_release_and_a_damaged_cache_is_no
 @pytest.mark.parametrize("args, env, words", [
     (["--policy=no_such_rule"], {}, "unknown policy"),
     (["--policy=nomodule_xyz:rule"], {}, "cannot import"),
-    (["--rule-budget-ms=0"], {}, "--rule-budget-ms must be positive"),
+    (["--rule-budget-ms=0"], {}, "--rule-budget-ms must be a positive number"),
+    (["--rule-budget-ms=nan"], {}, "--rule-budget-ms must be a positive number"),
     ([], {"HYPOTHESIS_PROFILE": "fast"}, "one of dev, ci, thorough, gpu, repro"),
 ])
 def test_bad_pytest_options_are_usage_errors(pytester, monkeypatch, args, env, words):
@@ -188,7 +189,7 @@ def test_bad_vllm_targets_are_policy_errors(tmp_path, monkeypatch):
     one_sided.parent.mkdir(parents=True)
     one_sided.write_text("class FlashInferNVLinkOneSidedPrepareAndFinalize:\n    pass\n")
     for target, words in [
-        ("0.33.0@three-sided", "the suffix selects a backend"),
+        ("0.33.0@three-sided", "selects no backend"),
         (empty, "holds no vllm/model_executor/layers/fused_moe/prepare_finalize/flashinfer_nvlink_one_sided.py"),
         (tmp_path / "random.py", "defines neither FlashInferNVLinkOneSidedPrepareAndFinalize"),
         (tmp_path / "reads_more.py", "no stand-in for vllm.distributed.get_pp_group"),

@@ -1,0 +1,106 @@
+"""Whatever a policy raises or does is a verdict, never a skip or an exit: a rule that calls
+``pytest.skip()`` or raises ``SystemExit`` crashes its test with the world; a module that
+exits the process or never finishes importing is a usage error saying so (exit 4 in pytest,
+2 in the replay command)."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dispatcher.model import properties
+from dispatcher.model.world import World
+
+ROOT = Path(__file__).resolve().parents[2]
+WORLD = World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4)
+
+
+@pytest.mark.parametrize("raise_it", [
+    lambda: pytest.skip("no GPU here"), lambda: pytest.xfail("later"),
+    lambda: pytest.importorskip("a_module_that_is_not_there"), lambda: sys.exit(0),
+    lambda: (_ for _ in ()).throw(GeneratorExit()), lambda: (_ for _ in ()).throw(SystemExit(3))])
+def test_anything_a_rule_raises_is_a_crash(raise_it):
+    def rule(view):
+        raise_it()
+    with pytest.raises(properties.RuleCrashed, match=r"\[rule crashed\]"):
+        properties.rule_values(rule, WORLD)
+
+
+def test_a_plain_rule_cannot_declare_a_world_impossible():
+    from dispatcher.sizing import NotApplicable
+
+    def rule(view):
+        raise NotApplicable("not my world")
+    with pytest.raises(properties.RuleCrashed, match="only an engine policy"):
+        properties.rule_values(rule, WORLD)
+
+
+def test_keyboard_interrupt_stops_the_run():
+    def rule(view):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        properties.rule_values(rule, WORLD)
+
+
+MODULES = {
+    "exits": "import os\nos._exit(0)\n",
+    "sysexit": "import sys\nsys.exit(0)\n",
+    "loops": "while True:\n    pass\n",
+}
+WORDS = {"exits": "ended the process", "sysexit": "raised SystemExit", "loops": "did not finish within 3 s"}
+
+
+@pytest.fixture
+def hostile(tmp_path, monkeypatch):
+    for name, body in MODULES.items():
+        (tmp_path / f"hostile_{name}.py").write_text(body + "def rule(view):\n    return 1\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("A2A_GATE_POLICY_LOAD_TIMEOUT_S", "3")
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_a_module_that_exits_or_hangs_is_a_usage_error(pytester, hostile, name):
+    (pytester.path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
+                                           f"--policy=hostile_{name}:rule", timeout=60)
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-2000:]
+    assert WORDS[name] in text and "INTERNALERROR" not in text, text[-2000:]
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_the_replay_command_reports_it_as_bad_input(hostile, name):
+    done = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", f"hostile_{name}:rule",
+                           repr(WORLD)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert WORDS[name] in done.stderr
+
+
+def test_a_rule_exiting_in_the_replay_command_is_a_violation(tmp_path, monkeypatch):
+    (tmp_path / "exits_late.py").write_text(textwrap.dedent("""
+        import sys
+        def rule(view):
+            sys.exit(0)
+    """))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", "exits_late:rule",
+                           repr(WORLD)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 1 and "[rule crashed]" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("body, words", [("import os\nos._exit(0)\n", "ended the process"),
+                                         ("import sys\nsys.exit(0)\n", "raised SystemExit")])
+def test_an_engine_file_that_exits_at_load_is_a_usage_error(pytester, tmp_path, body, words):
+    pytest.importorskip("torch")
+    engine = tmp_path / "flashinfer.py"
+    engine.write_text(body)
+    (pytester.path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
+                                           f"--policy=sglang:{engine}", timeout=120)
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-2000:]
+    assert words in text and "INTERNALERROR" not in text, text[-2000:]
