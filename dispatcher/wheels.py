@@ -30,6 +30,7 @@ __all__ = ["ReleaseError", "Package", "sha256", "companion_function", "exec_engi
            "reentrant", "fetch_main", "PIP_TIMEOUT_S"]
 
 PIP_TIMEOUT_S = 300
+MAX_MEMBER_BYTES = 4 << 20  # a kept file; the largest real one (server_args.py) is ~450 KB
 _REPO = Path(__file__).resolve().parents[1]
 
 
@@ -103,6 +104,7 @@ class Package:
     companions: Tuple[str, ...] = ()
     cache_env: str = ""
     what: str = "the dispatcher file"  # for messages: "SGLang's flashinfer.py"
+    pins_file: Optional[Path] = None  # pins.json: the pinned releases' wheel and file hashes
 
     # --- where things are -----------------------------------------------------------------
     def cache_dir(self) -> Path:
@@ -137,9 +139,19 @@ class Package:
         return found if found is not None and found.is_file() else None
 
     # --- the verified cache -----------------------------------------------------------------
+    @property
+    def pins(self) -> Dict[str, dict]:
+        """version -> the sha256 of its known wheels and of every file kept (``pins.json``
+        beside the engine's fetch module, in the repository): a pinned release is checked
+        against it at fetch and at every use, so no index or cache is trusted alone."""
+        if not self.pins_file:
+            return {}
+        return json.loads(Path(self.pins_file).read_text())
+
     def verified(self, folder: Path) -> Optional[Path]:
-        """The cached main file if the manifest exists and every file it lists still has its
-        recorded hash, else None."""
+        """The cached main file if the manifest exists, names only the engine's own files
+        (so nothing outside the cache), every file still has its recorded hash, and a pinned
+        release's hashes are its pins; else None (fetched again)."""
         try:
             manifest = json.loads((folder / "manifest.json").read_text())
             recorded, main = manifest["sha256"], manifest.get("main", self.main[0])
@@ -148,23 +160,46 @@ class Package:
             return None
         if looked_for != list(self.main + self.companions):  # kept by an older gate: refetch
             return None
+        known = set(self.main + self.companions)
+        if not (isinstance(recorded, dict) and main in self.main and main in recorded
+                and all(isinstance(n, str) and n in known and isinstance(d, str)
+                        for n, d in recorded.items())):
+            return None
+        pin = self.pins.get(folder.name) if folder.parent == self.cache_dir() else None
+        if pin is not None and recorded != pin["files"]:
+            return None
         for name, digest in recorded.items():
             if not (folder / name).is_file() or sha256(folder / name) != digest:
                 return None
-        return folder / main if main in recorded else None
+        return folder / main
 
-    def _extract(self, wheel: Path, folder: Path, origin: str) -> Path:
+    def _extract(self, wheel: Path, folder: Path, origin: str, pin: Optional[dict] = None) -> Path:
         """Put the wheel's main file, its companions and a manifest into ``folder``
-        (atomically)."""
+        (atomically); a pinned release's wheel and files must match ``pin``."""
+        digest = sha256(wheel)
+        if pin is not None and pin["wheels"].get(wheel.name, digest) != digest:
+            raise ReleaseError(f"{origin}: {wheel.name} has sha256 {digest}, not the pinned "
+                               f"{pin['wheels'][wheel.name]}: the index served another file")
         try:
             with zipfile.ZipFile(wheel) as z:
                 names = set(z.namelist())
                 main = next((m for m in self.main if m in names), None)
                 if main is None:
                     raise ReleaseError(f"{origin}: the wheel holds no {' or '.join(self.main)}")
-                files = {n: z.read(n) for n in (main,) + self.companions if n in names}
+                kept = [n for n in (main,) + self.companions if n in names]
+                for n in kept:  # sized before reading: the real files are well under 1 MB
+                    if z.getinfo(n).file_size > MAX_MEMBER_BYTES:
+                        raise ReleaseError(f"{origin}: {n} is {z.getinfo(n).file_size:,} bytes "
+                                           f"(at most {MAX_MEMBER_BYTES:,}): not the engine's file")
+                files = {n: z.read(n) for n in kept}
         except zipfile.BadZipFile:
             raise ReleaseError(f"{origin}: {wheel.name} is not a wheel (not a zip file)") from None
+        hashes = {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}
+        if pin is not None and hashes != pin["files"]:
+            wrong = sorted(n for n in set(hashes) | set(pin["files"])
+                           if hashes.get(n) != pin["files"].get(n))
+            raise ReleaseError(f"{origin}: {', '.join(wrong)} differ from the pinned release "
+                               f"(dispatcher/{self.name}/pins.json): the index served another file")
         folder.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
             staged = Path(tmp) / folder.name
@@ -172,9 +207,9 @@ class Package:
                 (staged / name).parent.mkdir(parents=True, exist_ok=True)
                 (staged / name).write_bytes(data)
             (staged / "manifest.json").write_text(json.dumps({
-                "origin": origin, "wheel": wheel.name, "wheel_sha256": sha256(wheel),
+                "origin": origin, "wheel": wheel.name, "wheel_sha256": digest,
                 "main": main, "looked_for": list(self.main + self.companions),
-                "sha256": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}},
+                "sha256": hashes},
                 indent=1) + "\n")
             if folder.exists():  # a stale or corrupt entry: replace it whole
                 os.replace(folder, Path(tmp) / "old")
@@ -198,6 +233,7 @@ class Package:
             folder.parent.mkdir(parents=True, exist_ok=True)
             with _locked(folder.parent / f".{version}.lock", PIP_TIMEOUT_S + 60,
                          f"{self.name}:{version}"):
+                _sweep(folder.parent)
                 return self.verified(folder) or self._download(version, folder)
         except OSError as exc:
             raise ReleaseError(f"{self.name}:{version}: the cache {folder.parent} cannot be "
@@ -210,8 +246,11 @@ class Package:
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
                    "--only-binary=:all:", "--timeout", "30", "-d", tmp, f"{self.name}=={version}"]
+            scratch = Path(tmp) / "pip-tmp"  # pip's own temporary files go with ours
+            scratch.mkdir()
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
+                                      env=dict(os.environ, TMPDIR=str(scratch)))
             except subprocess.TimeoutExpired:
                 raise ReleaseError(f"{self.name}:{version}: pip download took over "
                                    f"{PIP_TIMEOUT_S} s {hint}") from None
@@ -222,7 +261,8 @@ class Package:
             if len(wheels) != 1:
                 raise ReleaseError(f"{self.name}:{version}: expected one wheel, pip gave {wheels}")
             return self._extract(wheels[0], folder,
-                                 f"{self.name}=={version} from the package index")
+                                 f"{self.name}=={version} from the package index",
+                                 self.pins.get(version))
 
     def wheel_file(self, wheel: Path) -> Path:
         """A local wheel's main file, cached under the hash of the wheel's bytes."""
@@ -254,6 +294,8 @@ class Package:
         if not target:
             return self.installed_file(), "installed"
         p = Path(target)
+        if _version_shaped(target):  # always the release; a folder is written ./0.5.23
+            return self.fetch_release(self.canonical_version(target)), self.canonical_version(target)
         if p.exists():
             if p.is_dir():
                 return self.checkout_file(p), target
@@ -265,6 +307,24 @@ class Package:
             version = self.canonical_version(target)
             return self.fetch_release(version), version
         raise ReleaseError(f"{self.name}:{target}: no such file or folder, and not a version")
+
+
+def _version_shaped(target: str) -> bool:
+    return target[:1].isdigit() and "/" not in target and not target.endswith((".py", ".whl"))
+
+
+def _sweep(cache: Path, older_than_s: float = 2 * PIP_TIMEOUT_S) -> None:
+    """Remove the staging folders (``tmp*``) of fetches that were killed (under the lock, so
+    no live fetch's folder is old enough to go)."""
+    import shutil
+    import time
+
+    for stale in cache.glob("tmp*"):
+        try:
+            if stale.is_dir() and time.time() - stale.stat().st_mtime > older_than_s:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
 
 
 @contextmanager

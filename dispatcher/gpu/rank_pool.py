@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 import time
@@ -514,12 +515,17 @@ class RankPool:
             raise
 
     def _rebuild(self):
-        self.close(graceful=False)  # a rank may be stuck in a collective with a dead peer
+        self._stop(graceful=False)  # a rank may be stuck in a collective with a dead peer
         self.restarts += 1
         self._start()
 
     def close(self, graceful: bool = True):
-        """Ask the ranks to exit (each gets 10 s), or kill them at once (``graceful=False``)."""
+        """Ask the ranks to exit (each gets 10 s), or kill them at once (``graceful=False``);
+        the ranks' log folder goes with the pool."""
+        self._stop(graceful)
+        shutil.rmtree(self._logs, ignore_errors=True)
+
+    def _stop(self, graceful: bool):
         for conn in self._conns if graceful else ():
             try:
                 conn.send(None)

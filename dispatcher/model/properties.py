@@ -9,7 +9,9 @@ answers differently for the same view, or is too slow to gate (``RULE_BUDGET``).
 from __future__ import annotations
 
 import shlex
+import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence
 
@@ -122,8 +124,42 @@ def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
     return values
 
 
+class BoundedOutput:
+    """What a policy prints, passed on up to ``limit`` characters per process and dropped
+    after that (once, with a warning): a rule printing megabytes per call would otherwise fill
+    the disk through pytest's capture with nothing on screen."""
+
+    limit = 64 * 1024
+
+    def __init__(self):
+        self.passed = 0
+        self.dropped = 0
+        self.target = sys.stdout  # where what passes goes (the stdout of the call)
+
+    def write(self, text: str) -> int:
+        room = self.limit - self.passed
+        if room > 0:
+            self.target.write(text[:room])
+            self.passed += min(room, len(text))
+        if len(text) > room:
+            if not self.dropped:
+                warnings.warn(f"the policy under test printed more than {self.limit:,} "
+                              f"characters; the rest of what it prints is dropped")
+            self.dropped += len(text) - max(room, 0)
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+POLICY_OUTPUT = BoundedOutput()
+
+
 def _call(policy, view, world, values, name):
     t0 = time.perf_counter()
+    real = sys.stdout
+    if real is not POLICY_OUTPUT:
+        POLICY_OUTPUT.target, sys.stdout = real, POLICY_OUTPUT
     try:
         value = policy(view)
     except NotApplicable as exc:
@@ -146,6 +182,8 @@ def _call(policy, view, world, values, name):
         raise RuleCrashed(
             f"[rule crashed] {name} raised {type(exc).__name__}: {exc} on EP rank "
             f"{view.ep_rank}\n{explain(world, _with(values, '<raised>'), name)}") from exc
+    finally:
+        sys.stdout = real
     RULE_BUDGET.charge(time.perf_counter() - t0, name)
     try:
         return require_int(value)

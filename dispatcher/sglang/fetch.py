@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..wheels import Package, ReleaseError, sha256
 
 __all__ = ["ReleaseError", "PACKAGE", "RELEASE_FILE", "COMPANIONS", "COMMON", "OVERRIDES",
@@ -25,7 +27,8 @@ MOE_HOOK = "sglang/srt/arg_groups/moe_hook.py"  # server-arg checks of FlashInfe
 SERVER_ARGS = "sglang/srt/server_args.py"  # the same checks before 0.5.19
 COMPANIONS = (COMMON, OVERRIDES) + DP_ATTN + (SPEC_INFO, MOE_HOOK, SERVER_ARGS)
 CACHE_ENV = "A2A_GATE_SGLANG_CACHE"
-PACKAGE = Package("sglang", (RELEASE_FILE,), COMPANIONS, CACHE_ENV, "SGLang's flashinfer.py")
+PACKAGE = Package("sglang", (RELEASE_FILE,), COMPANIONS, CACHE_ENV, "SGLang's flashinfer.py",
+                  Path(__file__).with_name("pins.json"))
 
 cache_dir = PACKAGE.cache_dir
 canonical_version = PACKAGE.canonical_version

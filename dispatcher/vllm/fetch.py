@@ -6,6 +6,8 @@ checkout, verified (the cache and its checks: ``dispatcher/wheels.py``).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..wheels import Package, ReleaseError
 
 __all__ = ["ReleaseError", "PACKAGE", "ONE_SIDED", "TWO_SIDED", "FORWARD_CONTEXT", "CACHE_ENV"]
@@ -22,4 +24,4 @@ TWO_SIDED = (f"{_FUSED_MOE}/prepare_finalize/flashinfer_nvlink_two_sided.py",
 FORWARD_CONTEXT = "vllm/forward_context.py"
 CACHE_ENV = "A2A_GATE_VLLM_CACHE"
 PACKAGE = Package("vllm", ONE_SIDED, (FORWARD_CONTEXT,) + TWO_SIDED, CACHE_ENV,
-                  "vLLM's flashinfer_nvlink_one_sided.py")
+                  "vLLM's flashinfer_nvlink_one_sided.py", Path(__file__).with_name("pins.json"))

@@ -2,6 +2,7 @@
 ``pytest.skip()`` or raises ``SystemExit`` crashes its test with the world; a module that
 exits the process or never finishes importing is a usage error saying so (exit 4 in pytest,
 2 in the replay command)."""
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -91,10 +92,10 @@ def test_a_rule_exiting_in_the_replay_command_is_a_violation(tmp_path, monkeypat
     assert done.returncode == 1 and "[rule crashed]" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="SGLang's file needs torch")
 @pytest.mark.parametrize("body, words", [("import os\nos._exit(0)\n", "ended the process"),
                                          ("import sys\nsys.exit(0)\n", "raised SystemExit")])
 def test_an_engine_file_that_exits_at_load_is_a_usage_error(pytester, tmp_path, body, words):
-    pytest.importorskip("torch")
     engine = tmp_path / "flashinfer.py"
     engine.write_text(body)
     (pytester.path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
@@ -104,3 +105,26 @@ def test_an_engine_file_that_exits_at_load_is_a_usage_error(pytester, tmp_path, 
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-2000:]
     assert words in text and "INTERNALERROR" not in text, text[-2000:]
+
+
+def test_what_a_rule_prints_is_bounded(capsys):
+    from dispatcher.model.properties import POLICY_OUTPUT
+
+    def loud(view):
+        print("x" * (1 << 20))
+        return max(1, view.local_tokens)
+    before = POLICY_OUTPUT.passed
+    with pytest.warns(UserWarning, match="printed more than"):
+        properties.rule_values(loud, WORLD)
+    out = capsys.readouterr().out
+    assert len(out) <= POLICY_OUTPUT.limit - before and POLICY_OUTPUT.dropped > 2 << 20
+
+
+def test_warm_up_calls_do_not_count_against_the_budget():
+    budget = properties.RuleBudget(seconds=0.01, warmup=3)
+    budget.charge(5.0, "rule")  # a slow first call (an engine constructing itself)
+    for _ in range(10):
+        budget.charge(0.001, "rule")
+    with pytest.raises(properties.SlowRule):
+        for _ in range(10):
+            budget.charge(0.05, "rule")

@@ -1,0 +1,94 @@
+"""The release cache trusts nothing it cannot check: a version is always the release (a folder
+of that name is a path only when written as one), a manifest names only the engine's own files,
+a pinned release matches the hashes kept in the repository, a kept file is sized before it is
+read, and killed fetches leave nothing that lasts."""
+import json
+import os
+import shutil
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from dispatcher.sglang import fetch
+from dispatcher.sglang.verdicts import RELEASES
+from dispatcher.wheels import MAX_MEMBER_BYTES, ReleaseError, _sweep
+
+NEWEST = RELEASES[-1]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private cache holding a verified copy of the newest pinned release."""
+    src = fetch.fetch_release(NEWEST).parents[5]
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    shutil.copytree(src, tmp_path / "cache" / NEWEST)
+    assert fetch.PACKAGE.verified(tmp_path / "cache" / NEWEST)
+    return tmp_path / "cache"
+
+
+def test_every_pinned_release_has_pins():
+    assert set(fetch.PACKAGE.pins) == set(RELEASES)
+    for pin in fetch.PACKAGE.pins.values():
+        assert fetch.RELEASE_FILE in pin["files"] and pin["wheels"]
+
+
+def test_a_version_is_the_release_even_beside_a_folder_of_that_name(cache, tmp_path, monkeypatch):
+    fake = tmp_path / "work" / NEWEST
+    (fake / "python" / Path(fetch.RELEASE_FILE).parent).mkdir(parents=True)
+    (fake / "python" / fetch.RELEASE_FILE).write_text("class FlashinferDispatcher: pass\n")
+    monkeypatch.chdir(tmp_path / "work")
+    path, label = fetch.PACKAGE.main_file(NEWEST)
+    assert path == cache / NEWEST / fetch.RELEASE_FILE and label == NEWEST
+    path, label = fetch.PACKAGE.main_file(f"./{NEWEST}")  # written as a path: the folder
+    assert path.resolve() == (fake / "python" / fetch.RELEASE_FILE).resolve()
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m, f: m.update(main="../../evil.py", sha256={**m["sha256"], "../../evil.py": f}),
+    lambda m, f: m["sha256"].update({"sglang/srt/evil.py": f}),
+    lambda m, f: m.update(sha256=list(m["sha256"].values())),
+    lambda m, f: m.update(sha256={k: v[::-1] for k, v in m["sha256"].items()}),
+])
+def test_a_manifest_naming_other_files_or_hashes_is_not_trusted(cache, edit):
+    folder = cache / NEWEST
+    manifest = json.loads((folder / "manifest.json").read_text())
+    evil = folder.parent.parent / "evil.py"
+    evil.write_text("import os\nos._exit(0)\n")
+    edit(manifest, fetch.sha256(evil))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert fetch.PACKAGE.verified(folder) is None
+
+
+def test_a_pinned_release_must_match_its_pins(cache, tmp_path):
+    wheel = tmp_path / f"sglang-{NEWEST}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(fetch.RELEASE_FILE, "class FlashinferDispatcher: pass\n")
+    pin = fetch.PACKAGE.pins[NEWEST]
+    with pytest.raises(ReleaseError, match="differ from the pinned release"):
+        fetch.PACKAGE._extract(wheel, tmp_path / "out" / NEWEST, "test", pin)
+    named = dict(pin, wheels={wheel.name: "0" * 64})
+    with pytest.raises(ReleaseError, match="not the pinned"):
+        fetch.PACKAGE._extract(wheel, tmp_path / "out" / NEWEST, "test", named)
+    assert not (tmp_path / "out" / NEWEST).exists()
+
+
+def test_a_huge_member_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    wheel = tmp_path / "sglang-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr(fetch.RELEASE_FILE, b"#" * (MAX_MEMBER_BYTES + 1))
+    t0 = time.perf_counter()
+    with pytest.raises(ReleaseError, match="at most"):
+        fetch.PACKAGE.wheel_file(wheel)
+    assert time.perf_counter() - t0 < 5
+    assert not any((tmp_path / "cache").rglob("*.py"))
+
+
+def test_killed_fetches_are_swept(tmp_path):
+    old, new = tmp_path / "tmpold", tmp_path / "tmpnew"
+    old.mkdir(), new.mkdir()
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    _sweep(tmp_path, older_than_s=600)
+    assert not old.exists() and new.exists()
