@@ -108,7 +108,15 @@ class Package:
 
     # --- where things are -----------------------------------------------------------------
     def cache_dir(self) -> Path:
-        return Path(os.environ.get(self.cache_env) or _REPO / f".{self.name}")
+        """``$<cache_env>``, else ``.<engine>/`` in a checkout of the gate, else the per-user
+        cache (``$XDG_CACHE_HOME/a2a-sizing-gate/<engine>``) when the gate is installed."""
+        configured = os.environ.get(self.cache_env)
+        if configured:
+            return Path(configured)
+        if (_REPO / "pyproject.toml").is_file():  # a checkout (editable install included)
+            return _REPO / f".{self.name}"
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(base) / "a2a-sizing-gate" / self.name
 
     def canonical_version(self, version: str) -> str:
         from packaging.version import InvalidVersion, Version

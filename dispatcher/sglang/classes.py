@@ -64,7 +64,9 @@ def describe_outcomes(outs: Sequence[Outcome], world: Optional[World] = None) ->
 def describe_sources(release: SGLangRelease) -> str:
     """Which SGLang function produced what each rank saw (``scheduler.Scheduler.sources``)."""
     src = release.hooks.scheduler.sources
-    return (f"  made by SGLang's own code: config accepted by {src['topology']}; list by "
+    if len(set(src.values())) == 1:
+        return f"  step made by: {next(iter(src.values()))}"
+    return (f"  step made by SGLang's own code: config accepted by {src['topology']}; list by "
             f"{src['gather']}; all-gather skipped per {src['skip_all_gather']}; draft counts "
             f"by {src['spec_scale']}")
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .. import CONFTEST, SOURCE
+
 from dispatcher.__main__ import BAD_INPUT, OK, VIOLATED
 from dispatcher.model import properties
 from dispatcher.model.properties import RuleBudget, RuleCrashed, SlowRule
@@ -17,13 +19,12 @@ from dispatcher.model.world import World
 from dispatcher.policies import PolicyError, load_policy
 from dispatcher.sglang import fetch
 
-ROOT = Path(__file__).resolve().parents[2]
 WORLD = World(ep_size=4, dp_size=2, group_tokens=(5, 2), max_num_tokens=8)
 
 
 def replay(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "dispatcher", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=timeout)
+                          text=True, cwd=SOURCE, timeout=timeout)
 
 
 # --- the replay command -----------------------------------------------------------------
@@ -53,8 +54,8 @@ def test_replay_exit_codes(args, code, words):
 def test_a_float_runtime_is_a_violation_with_the_rules_own_spec_in_the_replay_line(tmp_path):
     (tmp_path / "floaty.py").write_text("def rule(view):\n    return 3.0\n")
     out = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", "floaty:rule",
-                          repr(WORLD)], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                         env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
+                          repr(WORLD)], capture_output=True, text=True, cwd=SOURCE, timeout=60,
+                         env={"PYTHONPATH": f"{tmp_path}:{SOURCE}", "PATH": "/usr/bin:/bin"})
     assert out.returncode == VIOLATED, out.stdout + out.stderr
     assert "[int]" in out.stdout and "replay: python -m dispatcher --policy floaty:rule" in out.stdout
 
@@ -168,7 +169,7 @@ def test_bad_pytest_options_are_usage_errors(pytester, monkeypatch, args, env, w
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
-    (pytester.path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    (pytester.path / "conftest.py").write_text(CONFTEST)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-2000:]

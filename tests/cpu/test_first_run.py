@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from .. import CONFTEST
+
 from dispatcher.sglang import fetch
 from dispatcher.wheels import Package
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fake_wheel(path: Path) -> Path:
@@ -75,7 +76,7 @@ def test_an_unavailable_release_fails_unless_allowed(pytester, monkeypatch, tmp_
     monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "empty-cache"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: nothing can be fetched
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
-    shutil.copy(ROOT / "conftest.py", pytester.path)
+    (pytester.path / "conftest.py").write_text(CONFTEST)
     pytester.makepyfile(test_needs_release="""
         def test_uses_a_release(pinned_releases):
             assert pinned_releases("sglang:{}")["0.5.23"] is not None

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from .. import CONFTEST, SOURCE
+
 from dispatcher.model import properties
 from dispatcher.model.world import World
 
-ROOT = Path(__file__).resolve().parents[2]
 WORLD = World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4)
 
 
@@ -63,7 +64,7 @@ def hostile(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", list(MODULES))
 def test_a_module_that_exits_or_hangs_is_a_usage_error(pytester, hostile, name):
-    (pytester.path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    (pytester.path / "conftest.py").write_text(CONFTEST)
     pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
                                            f"--policy=hostile_{name}:rule", timeout=60)
@@ -75,7 +76,7 @@ def test_a_module_that_exits_or_hangs_is_a_usage_error(pytester, hostile, name):
 @pytest.mark.parametrize("name", list(MODULES))
 def test_the_replay_command_reports_it_as_bad_input(hostile, name):
     done = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", f"hostile_{name}:rule",
-                           repr(WORLD)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                           repr(WORLD)], capture_output=True, text=True, timeout=60, cwd=SOURCE)
     assert done.returncode == 2, done.stdout + done.stderr
     assert WORDS[name] in done.stderr
 
@@ -88,7 +89,7 @@ def test_a_rule_exiting_in_the_replay_command_is_a_violation(tmp_path, monkeypat
     """))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     done = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", "exits_late:rule",
-                           repr(WORLD)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                           repr(WORLD)], capture_output=True, text=True, timeout=60, cwd=SOURCE)
     assert done.returncode == 1 and "[rule crashed]" in done.stdout, done.stdout + done.stderr
 
 
@@ -98,7 +99,7 @@ def test_a_rule_exiting_in_the_replay_command_is_a_violation(tmp_path, monkeypat
 def test_an_engine_file_that_exits_at_load_is_a_usage_error(pytester, tmp_path, body, words):
     engine = tmp_path / "flashinfer.py"
     engine.write_text(body)
-    (pytester.path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    (pytester.path / "conftest.py").write_text(CONFTEST)
     pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
                                            f"--policy=sglang:{engine}", timeout=120)

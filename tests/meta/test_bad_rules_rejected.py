@@ -2,10 +2,11 @@
 breaks fails, and the shrunk counterexample reads well. A property that passes on everything
 protects nothing; these tests prove each one can fail."""
 import re
-import shutil
 from pathlib import Path
 
 import pytest
+
+from .. import copy_suite
 
 from dispatcher.emulator.a2a import round_trip
 from dispatcher.model import properties
@@ -15,7 +16,6 @@ from dispatcher.sizing import KNOWN_BAD_RULES, ideal_rule
 from strategies import a2a_worlds, worlds
 from strategies.search import minimal
 
-ROOT = Path(__file__).resolve().parents[2]
 RULES = {**KNOWN_BAD_RULES, **MUTANTS}
 
 # rule -> the properties it must be caught breaking
@@ -89,8 +89,7 @@ def test_suite_fails_end_to_end_with_a_readable_counterexample(pytester, rule, m
     """``pytest --policy=RULE`` on the CPU tier fails, printing a shrunk world in words and
     the command that replays it (run through pytester, in a subprocess)."""
     monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
-    shutil.copy(ROOT / "conftest.py", pytester.path)
-    shutil.copytree(ROOT / "tests" / "cpu", pytester.path / "tests" / "cpu")
+    copy_suite(pytester.path, "cpu")
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-x", "-k", "tight",
         f"--policy={rule}", "tests/cpu/test_sizing_properties.py")

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from .. import copy_suite
+
 pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0")
 
 from dispatcher.sglang import fetch  # noqa: E402
 from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 NEWEST = RELEASES[-1]
 # Edits of 0.5.23's sizing code that SGLang cannot tell apart: its counts are already padded
 # to attn_tp (floor == ceil), and a one-entry list never reaches the multi-entry branch with a
@@ -38,10 +39,7 @@ def newest_tree():
 
 def _run(pytester, monkeypatch, policy: str, *tests: str):
     monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
-    shutil.copy(ROOT / "conftest.py", pytester.path)
-    for tier in ("cpu", "sglang"):
-        if not (pytester.path / "tests" / tier).exists():
-            shutil.copytree(ROOT / "tests" / tier, pytester.path / "tests" / tier)
+    copy_suite(pytester.path, "cpu", "sglang")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-q",
                                            f"--policy=sglang:{policy}", *tests)
     return result, result.stdout.str() + result.stderr.str()

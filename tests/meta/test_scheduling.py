@@ -13,7 +13,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from .. import CONFTEST
+
 TESTS = '''
 import pytest
 
@@ -40,9 +41,8 @@ def test_pool(i):
 
 
 def test_each_group_runs_on_one_worker(pytester):
-    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_groups=TESTS)
-    pytester.makeini("[pytest]\nmarkers =\n    gpu: x\n    multi_gpu: x\n")
     result = pytester.runpytest_subprocess("-n", "2", "--dist=loadgroup", "-v",
                                            "-p", "no:cacheprovider", timeout=120)
     ran = re.findall(r"^\[(gw\d)\] \[\s*\d+%\] \w+ (\S+)", result.stdout.str(), re.M)

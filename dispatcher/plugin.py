@@ -1,0 +1,238 @@
+"""The gate as a pytest plugin: suite-wide options, Hypothesis profiles, fixtures, markers and
+hardware skips (loaded by the checkout's ``conftest.py``, or with ``-p dispatcher.plugin``).
+
+--policy=SPEC              the sizing rule under test (default: the shipped rule); see
+                           dispatcher/policies.py for the spec forms (sglang:VERSION|PATH too)
+--require-gpus             on a GPU runner: a skipped gpu/multi_gpu test is a failure
+--rule-budget-ms=MS        mean milliseconds a rule call may take (default 20)
+HYPOTHESIS_PROFILE         dev (default) | ci | thorough | gpu | repro
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+# Each xdist worker is one process of many: one thread each for numpy's BLAS, OpenMP and
+# torch, or N workers x N threads fight over the cores (set before numpy/torch load).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import pytest  # noqa: E402
+
+
+def _leave_hypothesis_unrewritten() -> None:
+    """pytest rewrites the asserts of every installed package that ships a pytest plugin,
+    Hypothesis's ~80 modules included, and caches nothing under PYTHONDONTWRITEBYTECODE=1
+    (set in many CI images): then every pytest process (the xdist controller, each worker,
+    each pytester run) compiles Hypothesis again, about 1.3 s of CPU. Hypothesis's own
+    asserts are internal invariants, plain Python asserts outside pytest; the tests' asserts
+    are still rewritten. Done before Hypothesis is first imported, which is here."""
+    try:
+        from _pytest.assertion.rewrite import AssertionRewritingHook
+    except ImportError:  # moved in a later pytest: only slower; tests/meta says so
+        return
+    for finder in sys.meta_path:
+        if isinstance(finder, AssertionRewritingHook) and "hypothesis" not in sys.modules:
+            getattr(finder, "_must_rewrite", set()).discard("hypothesis")
+            getattr(finder, "_marked_for_rewrite_cache", {}).clear()
+
+
+_leave_hypothesis_unrewritten()
+from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
+
+from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
+from dispatcher.model import properties  # noqa: E402
+from dispatcher.policies import (DEFAULT_POLICY, PolicyError, engine_spec, load_policy,  # noqa: E402
+                                 probe_policy)
+
+# --- Hypothesis profiles: registered once, chosen by HYPOTHESIS_PROFILE -------------------
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROFILES = {
+    "dev": settings(max_examples=200, **_common),
+    "ci": settings(max_examples=300, derandomize=True, print_blob=True, database=None, **_common),
+    "thorough": settings(max_examples=5000, **_common),
+    "gpu": settings(max_examples=60, derandomize=True, print_blob=True, database=None, **_common),
+    "repro": settings(max_examples=1, verbosity=Verbosity.verbose,
+                      phases=[Phase.explicit, Phase.reuse], **_common),
+}
+for _name, _profile in PROFILES.items():
+    settings.register_profile(_name, _profile)
+_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("a2a-sizing-gate")
+    group.addoption("--policy", default=DEFAULT_POLICY, metavar="SPEC",
+                    help="sizing rule under test: NAME, module:callable, sglang[:VERSION|PATH] "
+                         "(default: %(default)s)")
+    group.addoption("--require-gpus", action="store_true",
+                    help="fail, rather than skip, gpu/multi_gpu tests that cannot run here")
+    group.addoption("--allow-missing-releases", action="store_true",
+                    help="skip, rather than fail, the tests of a pinned SGLang/vLLM release "
+                         "that cannot be had here (offline, no cache)")
+    group.addoption("--rule-budget-ms", type=float, default=properties.RULE_BUDGET.seconds * 1e3,
+                    metavar="MS", help="mean milliseconds one rule call may take "
+                                       "(default: %(default)s)")
+
+
+@pytest.fixture(scope="session")
+def policy_spec(request):
+    return request.config.getoption("--policy")
+
+
+@pytest.fixture(scope="session")
+def policy(policy_spec):
+    """The policy under test: a rule ``(RankView) -> int`` or an SGLang release."""
+    return load_policy(policy_spec)[1]
+
+
+@pytest.fixture(scope="session")
+def load_release(pytestconfig):
+    """``load(spec) -> release``: a pinned engine release; one that cannot be had fails the
+    test that asked for it, naming the release and why (a skip only with
+    ``--allow-missing-releases``), so a missing release never passes as "skipped"."""
+    allowed = pytestconfig.getoption("--allow-missing-releases")
+
+    def load(spec: str):
+        try:
+            return load_policy(spec)[1]
+        except PolicyError as exc:
+            (pytest.skip if allowed else pytest.fail)(
+                f"{spec} unavailable: {exc} (--allow-missing-releases skips instead)")
+    return load
+
+
+class Releases(dict):
+    """``releases[key]`` loaded on first use by ``load(key)``: one release that cannot be had
+    fails the tests that use it, not the others."""
+
+    def __init__(self, load):
+        super().__init__()
+        self._load = load
+
+    def __missing__(self, key):
+        self[key] = value = self._load(key)
+        return value
+
+
+@pytest.fixture(scope="session")
+def pinned_releases(load_release):
+    """``table("sglang:{}")``: the releases of that spec template, each loaded on first use."""
+    return lambda template: Releases(lambda v: load_release(template.format(v)))
+
+
+@pytest.fixture(scope="session")
+def engine_under_test(policy, policy_spec, load_release):
+    """``get(engine) -> (spec, release)``: what an engine's own tiers run (the ``--policy`` one
+    when it is that engine's, else its newest pinned release)."""
+    def get(engine: str):
+        spec = engine_spec(policy_spec, policy, engine)
+        if spec == policy_spec:
+            return spec, policy
+        return spec, load_release(spec)
+    return get
+
+
+MARKERS = {
+    "gpu": "runs FlashInfer's real A2A kernels, every EP rank in one process on one GPU",
+    "multi_gpu": "one OS process per EP rank, NCCL (or gloo when ranks share a GPU)",
+}
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    if _PROFILE not in PROFILES:
+        raise pytest.UsageError(f"HYPOTHESIS_PROFILE={_PROFILE!r} is not a profile of this "
+                                f"suite: use one of {', '.join(PROFILES)}")
+    settings.load_profile(_PROFILE)
+    budget = config.getoption("--rule-budget-ms")
+    if not math.isfinite(budget) or budget <= 0:
+        raise pytest.UsageError(f"--rule-budget-ms must be a positive number of milliseconds, "
+                                f"got {budget}")
+    properties.RULE_BUDGET.seconds = config.getoption("--rule-budget-ms") / 1e3
+    try:
+        if not hasattr(config, "workerinput"):  # once per run: the controller probes it
+            probe_policy(config.getoption("--policy"))
+        config.stash[_POLICY] = load_policy(config.getoption("--policy"))[1]
+    except PolicyError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+_POLICY = pytest.StashKey[object]()
+
+
+def pytest_report_header(config):
+    policy = config.stash.get(_POLICY, None)
+    line = f"a2a-sizing-gate: policy {config.getoption('--policy')}"
+    digest = getattr(policy, "sha256", None)
+    if digest:
+        line += f" ({policy.path}, sha256 {digest[:16]})"
+    return [line, f"hypothesis profile: {_PROFILE}; FlashInfer: {_flashinfer_version()}; "
+                  f"GPU tiers: {flashinfer_missing() or 'available'}"]
+
+
+def _flashinfer_version() -> str:
+    """The installed FlashInfer's version (its metadata: nothing is imported)."""
+    from importlib import metadata
+
+    for dist in ("flashinfer-python", "flashinfer"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+# --- hardware: count GPUs without initialising CUDA in the parent --------------------------
+_UNAVAILABLE = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, which reads the marks too early
+def pytest_collection_modifyitems(config, items):
+    """GPU work is scheduled by resource (``--dist=loadgroup``): the single-GPU tier's tests
+    share one xdist worker (one CUDA context, its workspaces); the tests of each rank pool
+    carry that pool's group (tests/multi_gpu/conftest.py), so each pool is started by one
+    worker and the pools run side by side with the single-GPU tier and the CPU tests. Tests
+    that share a recorded search carry their own ``xdist_group`` mark, so one worker
+    records it once."""
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.xdist_group("gpu-single"))
+        elif not item.get_closest_marker("multi_gpu"):
+            continue
+        item.stash[_UNAVAILABLE] = flashinfer_missing()
+    if getattr(config.option, "loadgroup", False):  # set in xdist workers under loadgroup
+        for item in items:
+            _join_xdist_group(item)
+
+
+def _join_xdist_group(item) -> None:
+    """Give ``item`` the ``nodeid@group`` form xdist's loadgroup scheduler reads. xdist adds it
+    in its own collection hook, which runs before this file's (marks added here would be
+    missed) and, on pytest >= 9.2, writes an attribute pytest no longer reads
+    (pytest-dev/pytest-xdist#1386): either way the group was silently ignored. The group
+    name is xdist's: the sorted names of every ``xdist_group`` mark, joined by ``_``."""
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    if not names or item.nodeid.endswith("@" + "_".join(names)):
+        return
+    nodeid = f"{item.nodeid}@{'_'.join(names)}"
+    if hasattr(item, "_id"):  # pytest >= 9.2: nodeid is str(item._id)
+        from _pytest.nodeid import NodeId
+        item._id = NodeId.parse(nodeid)
+    else:
+        item._nodeid = nodeid
+
+
+def pytest_runtest_setup(item):
+    reason = item.stash.get(_UNAVAILABLE, "")
+    if reason:
+        if item.config.getoption("--require-gpus"):
+            pytest.fail(f"--require-gpus: {reason}", pytrace=False)
+        pytest.skip(reason)
+
+
+pytest_plugins = ["pytester"]  # the meta tests run the suite itself against bad rules

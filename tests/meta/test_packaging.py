@@ -1,0 +1,44 @@
+"""The installable gate carries the whole suite: every package folder is in the wheel's list,
+the suite's settings are the same from a checkout and from ``a2a-gate``, and the console script
+runs the suite from a directory outside the repository."""
+import subprocess
+import sys
+
+import pytest
+
+from dispatcher.cli import INI_ARGS, suite_args
+from dispatcher.plugin import MARKERS
+
+from .. import SOURCE, SUITE
+
+
+def _pyproject():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads((SOURCE / "pyproject.toml").read_text())
+
+
+def test_every_package_folder_is_in_the_wheel():
+    if not (SOURCE / "pyproject.toml").is_file():
+        return  # installed from the wheel: it is what it is
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(SOURCE).parts)
+             for root in ("dispatcher", "strategies") for p in (SOURCE / root).rglob("__init__.py")}
+    found |= {"dispatcher.suite" + "".join("." + part for part in p.parent.relative_to(SUITE).parts)
+              for p in SUITE.rglob("__init__.py")}
+    assert listed == found
+
+
+def test_the_settings_are_the_same_from_a_checkout_and_from_a2a_gate():
+    if not (SOURCE / "pyproject.toml").is_file():
+        return
+    ini = _pyproject()["tool"]["pytest"]["ini_options"]
+    assert " ".join(INI_ARGS) == f"{ini['addopts']} -o xfail_strict={str(ini['xfail_strict']).lower()}"
+    assert set(MARKERS) == {"gpu", "multi_gpu"}
+
+
+def test_a2a_gate_runs_the_suite_from_outside_the_repository(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "-p", "no:cacheprovider",
+                           "--co", "-q"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert " tests collected" in done.stdout and "test_sglang_end_to_end" in done.stdout
+    assert "-c" in suite_args()
