@@ -137,7 +137,9 @@ def engine_under_test(policy, policy_spec, load_release):
 
 MARKERS = {
     "gpu": "runs FlashInfer's real A2A kernels, every EP rank in one process on one GPU",
-    "multi_gpu": "one OS process per EP rank, NCCL (or gloo when ranks share a GPU)",
+    "multi_gpu": "one OS process per EP rank, NCCL (or gloo when ranks share a GPU); without "
+                 "a GPU, gloo and the emulated A2A (not with --require-gpus)",
+    "real_kernels": "a multi_gpu test that needs FlashInfer's real kernels (skipped without)",
 }
 
 
@@ -198,12 +200,17 @@ def pytest_collection_modifyitems(config, items):
     worker and the pools run side by side with the single-GPU tier and the CPU tests. Tests
     that share a recorded search carry their own ``xdist_group`` mark, so one worker
     records it once."""
+    emulate = not config.getoption("--require-gpus")
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.xdist_group("gpu-single"))
         elif not item.get_closest_marker("multi_gpu"):
             continue
-        item.stash[_UNAVAILABLE] = flashinfer_missing()
+        missing = flashinfer_missing()
+        if (missing and emulate and item.get_closest_marker("multi_gpu")
+                and not item.get_closest_marker("real_kernels")):
+            missing = ""  # the rank pool runs with the emulated A2A (tests/multi_gpu/conftest.py)
+        item.stash[_UNAVAILABLE] = missing
     if getattr(config.option, "loadgroup", False):  # set in xdist workers under loadgroup
         for item in items:
             _join_xdist_group(item)

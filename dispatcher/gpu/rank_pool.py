@@ -58,6 +58,10 @@ class RankCrashed(RankPoolError):
     pass
 
 
+class AgreementAborted(RuntimeError):
+    """On a rank: the parent called off the agreement because a peer failed first."""
+
+
 class RankTimeout(RankPoolError):
     pass
 
@@ -80,8 +84,10 @@ class RemoteEngineError(RankPoolError):
 
 
 class RemoteError(RankPoolError):
-    """A Python exception on a rank (e.g. a FlashInfer argument check); the pool is rebuilt,
-    since the other ranks may be waiting in a collective the failed rank never reached."""
+    """A Python exception on a rank (e.g. a FlashInfer argument check). The pool is kept when
+    every rank answered (each rank waits for its own kernels first, so none is left in one);
+    rebuilt when a rank did not answer: it may wait in a collective the failed rank never
+    reached."""
 
 
 def _is_cuda_fault(exc: BaseException, text: str) -> bool:
@@ -104,14 +110,15 @@ def _alive(pid: int) -> bool:
 
 
 def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes: int,
-            max_combine_bytes: int, log: str, parent: int, conn, sent_at: float):
+            max_combine_bytes: int, log: str, parent: int, conn, sent_at: float,
+            emulated: bool = False):
     phases = {"process": time.time() - sent_at}  # from the parent's start() to here
     server = os.getppid()  # the forkserver, which exits when the parent does
     env.apply()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 2)  # C++/CUDA messages too
     try:
-        state = _start_rank(rank, ep_size, port, n_gpus, phases)
+        state = _start_rank(rank, ep_size, port, n_gpus, phases, emulated)
     except Exception as exc:  # noqa: BLE001 - reported to the parent with its text
         conn.send(("startup", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
@@ -149,6 +156,8 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
         try:
             if kind == "sglang":
                 result = _run_sglang_example(state, rank, ep_size, *example)
+            elif state["emulated"]:
+                result = _run_emulated_example(state, rank, ep_size, *example)
             else:
                 result = _run_example(state, rank, ep_size, max_dispatch_bytes,
                                       max_combine_bytes, *example)
@@ -157,6 +166,9 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
             from ..model.validation import A2ASizingError
 
             text = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, AgreementAborted):
+                conn.send(("aborted", rank, text))  # in step: nothing was launched
+                continue
             if isinstance(exc, A2ASizingError):
                 conn.send(("sizing", rank, text))
                 continue
@@ -164,23 +176,36 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
                 conn.send(("engine", rank, text))  # raised before any collective or kernel
                 continue
             text += "\n" + traceback.format_exc()
-            conn.send(("cuda" if _is_cuda_fault(exc, text) else "error", rank, text))
-            return
+            if _is_cuda_fault(exc, text):
+                conn.send(("cuda", rank, text))
+                return  # a dead context: the parent rebuilds the pool
+            if not state["emulated"]:  # a kernel this rank launched finishes first, or this
+                import torch  # hangs and the parent's timeout rebuilds the pool
+
+                torch.cuda.synchronize()
+            conn.send(("error", rank, text))  # the rank stays: the parent decides
 
 
-def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict) -> dict:
+def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
+                emulated: bool = False) -> dict:
     import datetime
 
     import torch
     import torch.distributed as dist
-
-    from .flashinfer import metainfo_index
 
     def phase(name, t0):
         phases[name] = time.perf_counter() - t0
         return time.perf_counter()
 
     t = time.perf_counter()
+    if emulated:  # no GPU: gloo, and the exact CPU model of the A2A in place of the kernels
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=ep_size, timeout=datetime.timedelta(seconds=120))
+        phase("process group", t)
+        return {"backend": "gloo, emulated A2A", "cpu": dist.group.WORLD, "index": None,
+                "a2as": {}, "policies": {}, "engines": {}, "example": {}, "emulated": True}
+    from .flashinfer import metainfo_index
+
     torch.cuda.set_device(rank % n_gpus)
     torch.cuda.init()
     t = phase("cuda", t)
@@ -193,7 +218,7 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict) -
     index = metainfo_index()
     phase("flashinfer", t)
     return {"backend": backend, "cpu": cpu, "index": index, "a2as": {},
-            "policies": {}, "engines": {}, "example": {}}
+            "policies": {}, "engines": {}, "example": {}, "emulated": False}
 
 
 def _agree(state, value, key: int = 0) -> list:
@@ -213,6 +238,8 @@ def _agree(state, value, key: int = 0) -> list:
                 or not _alive(state["parent"])):
             raise TimeoutError(f"no agreement from the parent within {waited:.0f} s")
     msg = conn.recv()
+    if msg == ("abort",):
+        raise AgreementAborted("a peer failed before the agreement: this rank launched nothing")
     if not (isinstance(msg, tuple) and msg[0] == "agreed"):
         raise RuntimeError(f"expected the ranks' agreement, the parent sent {msg!r}")
     pairs = [pickle.loads(b) for b in msg[1]]
@@ -283,8 +310,47 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
                          host_counts.view(np.int32), expected, host_out, reference)
 
 
-def _run_sglang_example(state, rank, ep_size, world, spec, bypass) -> dict:
-    """SGLang's own ``FlashinferDispatcher`` on this rank, end to end on the real kernels:
+def _run_emulated_example(state, rank, ep_size, world, spec, bypass) -> List[str]:
+    """``_run_example`` without a GPU: the same policy call, agreement and validation; each
+    rank's tokens then travel to every rank over the process group (gloo), and every rank runs
+    the exact CPU model of FlashInfer's dispatch and combine (``emulator.a2a``) on them and
+    checks its own received counts, stray writes and combined output."""
+    import zlib
+
+    import torch.distributed as dist
+
+    from ..emulator.a2a import round_trip
+    from ..emulator.inputs import make_inputs
+    from ..model.properties import for_world
+    from ..model.validation import require_int, validate
+    from ..policies import load_policy
+    from .checks import rank_problems
+
+    policies = state["policies"]
+    if spec not in policies:
+        policies[spec] = load_policy(spec)[1]
+    view = world.rank_view(rank)
+    mine = for_world(policies[spec], world)(view) if not isinstance(bypass, list) else bypass[rank]
+    values = _agree(state, mine, zlib.crc32(repr(world).encode()))
+    if bypass is False:
+        validate(values, world.views)
+    runtimes = [require_int(v) for v in values]
+    cap = world.max_num_tokens  # what FlashInfer 0.7.2 itself checks, as it checks it:
+    if runtimes[rank] <= 0:  # the C++ op
+        raise RuntimeError(f"runtime_max_tokens_per_rank must be positive, got {runtimes[rank]}")
+    assert runtimes[rank] <= cap, (  # MoeAlltoAll.dispatch's Python assert
+        f"runtime_max_tokens_per_rank={runtimes[rank]} > max_num_tokens={cap}")
+    gathered = [None] * ep_size
+    dist.all_gather_object(gathered, make_inputs(world)[rank], group=state["cpu"])
+    trip = round_trip(world, runtimes, gathered)
+    stray = not any(e.target_rank == rank for e in trip.events)
+    return rank_problems(rank, stray, runtimes[rank], trip.recv_counts[rank],
+                         trip.expected_counts[rank], trip.outputs[rank], trip.reference[rank])
+
+
+def _run_sglang_example(state, rank, ep_size, world, spec, bypass, ctx=None) -> dict:
+    """SGLang's own ``FlashinferDispatcher`` on this rank, end to end on the real kernels (or,
+    in a pool without a GPU, on the emulated ``MoeAlltoAll`` of ``emulated.py``):
     its ``__init__`` builds its ``MoeAlltoAll`` (over the pool's group), its ``dispatch()``
     launches the real dispatch kernel with the runtime it computes, the stand-in experts run
     on what arrived, its ``combine()`` returns the result, checked against the reference."""
@@ -302,34 +368,41 @@ def _run_sglang_example(state, rank, ep_size, world, spec, bypass) -> dict:
 
     engines, cpu = state["engines"], state["cpu"]
     if spec not in engines:
-        release = release_from_spec(spec.partition(":")[2], real_flashinfer=True)
+        release = release_from_spec(spec.partition(":")[2],
+                                    flashinfer="emulated" if state["emulated"] else "real")
         release.process_group = cpu
         engines[spec] = release
-    release, ctx = engines[spec], SGLangContext()
+    release, ctx = engines[spec], ctx or SGLangContext()
     state["example"] = {"world": world, "bypass": bypass, "values": None, "launched": False}
+    emulated = state["emulated"]
+    device = "cpu" if emulated else "cuda"
     inputs = make_inputs(world)
     inp = inputs[rank]
-    x = torch.from_numpy(inp.x).to("cuda", torch.bfloat16)
-    ids = torch.from_numpy(inp.expert_ids).to("cuda")
-    weights = torch.from_numpy(inp.weights).to("cuda")
+    x = torch.from_numpy(inp.x).to(device, torch.bfloat16)
+    ids = torch.from_numpy(inp.expert_ids).to(device)
+    weights = torch.from_numpy(inp.weights).to(device)
     with release.as_rank(world, rank, ctx):
         d = release.dispatcher(world, rank, ctx)  # collective the first time a shape is seen
         a2a = d.moe_a2a
         _agree_before_launch(a2a, state, ep_size)
-        a2a.workspace[rank][aux_offsets(ep_size, a2a.max_num_tokens).payload_data:].fill_(POISON)
-        torch.cuda.synchronize()  # poisoned before the agreement inside dispatch(), a barrier
+        if not emulated:  # the model's planes start poisoned for every call
+            a2a.workspace[rank][aux_offsets(ep_size, a2a.max_num_tokens).payload_data:].fill_(POISON)
+            torch.cuda.synchronize()  # poisoned before the agreement inside dispatch(), a barrier
         out = d.dispatch(x, StandardTopKOutput(weights, ids, None))
         runtime = state["example"]["values"][rank]
         topk = out.topk_output
         y = torch_ops.stand_in_moe(out.hidden_states.float()[None], topk.topk_ids[None],
-                                   topk.topk_weights[None], torch.tensor([rank], device="cuda"),
+                                   topk.topk_weights[None], torch.tensor([rank], device=device),
                                    world.moe.num_experts, ep_size)[0]
         result = d.combine(release.module.FlashinferCombineInput(y))
-    rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
     expected = expected_recv_counts(world, inputs)[rank].copy()
     reference = reference_outputs(world, [inp])[0]
-    counts, output = torch_ops.read_back([a2a.workspace[rank][rc:rc + 4 * ep_size], result])
-    counts = counts.view(np.int32)
+    if emulated:
+        counts, output = a2a.last_recv_counts.astype(np.int32), torch_ops.read_back([result])[0]
+    else:
+        rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
+        counts, output = torch_ops.read_back([a2a.workspace[rank][rc:rc + 4 * ep_size], result])
+        counts = counts.view(np.int32)
     if world.rows_per_rank[rank] == 0 and counts[rank] == 1:
         expected[rank] = 1  # releases before 0.5.15 send one dummy token to themselves
     problems = rank_problems(rank, None, runtime, counts, expected, output, reference)
@@ -365,8 +438,9 @@ class RankPool:
     of each cap is sized for ``max_dispatch_bytes`` / ``max_combine_bytes`` per token."""
 
     def __init__(self, ep_size: int, n_gpus: int, max_dispatch_bytes: int,
-                 max_combine_bytes: int, timeout: float = 60.0, start_timeout: float = 300.0):
-        self.ep_size, self.n_gpus = ep_size, n_gpus
+                 max_combine_bytes: int, timeout: float = 60.0, start_timeout: float = 300.0,
+                 emulated: bool = False):
+        self.ep_size, self.n_gpus, self.emulated = ep_size, n_gpus, emulated
         self.max_dispatch_bytes, self.max_combine_bytes = max_dispatch_bytes, max_combine_bytes
         self.timeout, self.start_timeout = timeout, start_timeout
         self.backend = None
@@ -389,7 +463,7 @@ class RankPool:
             target=_worker, daemon=True, name=f"ep-rank-{r}",
             args=(r, self.ep_size, port, self.n_gpus, self.max_dispatch_bytes,
                   self.max_combine_bytes, str(self._log(r)), os.getpid(), pipes[r][1],
-                  sent_at)) for r in range(self.ep_size)]
+                  sent_at, self.emulated)) for r in range(self.ep_size)]
         for p in self._procs:
             p.start()
         for _, theirs in pipes:
@@ -401,7 +475,8 @@ class RankPool:
             raise PoolStartFailed(f"the {self.ep_size}-rank pool could not start: {exc}") from exc
         self.backend = ready[0][0]
         slowest = {k: max(r[1][k] for r in ready) for k in ready[0][1]}
-        print(f"[rank pool] {self.ep_size} ranks on {self.n_gpus} GPU(s), {self.backend}, "
+        where = "the CPU" if self.emulated else f"{self.n_gpus} GPU(s)"
+        print(f"[rank pool] {self.ep_size} ranks on {where}, {self.backend}, "
               f"ready in {time.monotonic() - t:.1f} s ("
               + ", ".join(f"{k} {v:.1f}" for k, v in slowest.items()) + ")",
               file=sys.stderr, flush=True)
@@ -422,6 +497,7 @@ class RankPool:
         as it dies; relays the ranks' agreement (``_agree``) on the way."""
         got: Dict[int, tuple] = {}
         agree: Dict[int, object] = {}  # the ranks' values on their way to the agreement
+        failing = False  # a rank has failed: agreements are called off
         dead: List[int] = []
         deadline = time.monotonic() + timeout
         while len(got) + len(dead) < self.ep_size:
@@ -448,6 +524,9 @@ class RankPool:
                         dead.append(r)
                     continue
                 kind, rank, payload = answer
+                if kind == "agree" and failing:  # a peer failed first: nothing to agree on
+                    self._conns[rank].send(("abort",))
+                    continue
                 if kind == "agree":  # every rank's value, then all of them back to every rank
                     agree[rank] = payload
                     if len(agree) == self.ep_size:
@@ -458,22 +537,28 @@ class RankPool:
                         agree.clear()
                     continue
                 got[rank] = (kind, payload)
-                if kind not in ("ready", "ok"):
+                if kind not in ("ready", "ok", "aborted"):
                     deadline = min(deadline, time.monotonic() + GRACE_S)
+                    failing = True
+                    for waiting_rank in agree:  # they wait for a value that will not come
+                        self._conns[waiting_rank].send(("abort",))
+                    agree.clear()
             if dead:
                 raise RankCrashed(f"{what}: rank process(es) {sorted(dead)} died"
                                   + "".join(self._tail(r) for r in sorted(dead)))
-        failed = [r for r in sorted(got) if got[r][0] not in ("ready", "ok")]
+        failed = [r for r in sorted(got) if got[r][0] not in ("ready", "ok", "aborted")]
         if not failed:
             return [got[r][1] for r in range(self.ep_size)]
         kind, text = got[failed[0]]
-        kinds = {k for k, _ in got.values()}
+        kinds = {k for k, _ in got.values()} - {"aborted"}
         if len(got) == self.ep_size and kinds == {"sizing"}:  # all refused the same values
             raise RemoteSizingError(f"rank {failed[0]}: {text}")
         if len(got) == self.ep_size and kinds == {"engine"}:  # all raised before any kernel
             raise RemoteEngineError(f"rank {failed[0]}: {text}")
         cls = {"cuda": RemoteKernelFault, "error": RemoteError}.get(kind, RankCrashed)
-        raise cls(f"{what}: rank {failed[0]} failed ({kind}): {text}" + self._tail(failed[0]))
+        exc = cls(f"{what}: rank {failed[0]} failed ({kind}): {text}" + self._tail(failed[0]))
+        exc.in_step = len(got) == self.ep_size and "cuda" not in kinds  # every rank answered
+        raise exc
 
     def run(self, world, policy_spec: str, bypass=False) -> None:
         """Run one world on every rank with our kernel driver and the policy's runtimes.
@@ -487,27 +572,33 @@ class RankPool:
         if problems:
             raise RemoteMismatch("; ".join(problems))
 
-    def run_sglang(self, world, sglang_spec: str, bypass=False) -> List[dict]:
+    def run_sglang(self, world, sglang_spec: str, bypass=False, ctx=None) -> List[dict]:
         """Run one world through SGLang's own dispatcher on every rank (``sglang:...``):
-        its dispatch() and combine() on the real kernels. Returns each rank's record (the
+        its dispatch() and combine() on the real kernels, in context ``ctx`` (an
+        ``SGLangContext``; default eager decode). Returns each rank's record (the
         runtimes all ranks passed, the cap and workspace SGLang built); raises
         ``RemoteMismatch`` when the output, or the counts, are not the reference's."""
-        results = self._send("sglang", world, sglang_spec, bypass)
+        results = self._send("sglang", world, sglang_spec, bypass, ctx)
         problems = [p for r in results for p in r["problems"]]
         if problems:
             raise RemoteMismatch("; ".join(problems))
         return results
 
-    def _send(self, kind, world, spec, bypass) -> list:
+    def _send(self, kind, world, spec, bypass, *extra) -> list:
         if world.ep_size != self.ep_size:
             raise ValueError(f"pool has {self.ep_size} ranks, world needs {world.ep_size}")
         try:
-            message = ForkingPickler.dumps((kind, world, spec, bypass))  # once for every rank
+            message = ForkingPickler.dumps((kind, world, spec, bypass, *extra))  # once for all
             for conn in self._conns:  # a few KiB into an idle pipe: never blocks
                 conn.send_bytes(message)
             return self._collect(self.timeout, "example")
         except (RemoteSizingError, RemoteEngineError):
             raise  # every rank refused together, before any kernel: they are still in step
+        except RemoteError as exc:
+            if getattr(exc, "in_step", False):
+                raise  # every rank answered and its device is idle: the pool is still usable
+            self._rebuild()
+            raise
         except (RankPoolError, OSError) as exc:
             self._rebuild()
             if isinstance(exc, OSError):  # a rank's pipe broke: it died before reading

@@ -57,11 +57,13 @@ class Outcome:
 
 @reentrant
 @contextmanager
-def _sandbox(real_flashinfer: bool = False):
+def _sandbox(flashinfer: str = "recorder"):
     """The stand-in modules, and torch's allocators sending "cuda" tensors to the CPU (old
     releases pre-allocate dummy tensors on "cuda" in __init__; their values are never read,
     and a recorder run must not initialise CUDA in every xdist worker of a GPU host).
-    With ``real_flashinfer`` (the GPU pool) FlashInfer is real, tensors stay on the GPU and SGLang's
+    ``flashinfer``: "recorder" (stops at the launch), "emulated" (the CPU pool: the exact model of
+    the kernels over gloo, tensors on the CPU) or "real" (the GPU pool: FlashInfer is real,
+    tensors stay on the GPU and SGLang's
     ``torch.cuda.device_count()`` (its MNNVL ``gpus_per_node``) is the world's ep_size, the
     pool's one node."""
     import torch
@@ -74,8 +76,8 @@ def _sandbox(real_flashinfer: bool = False):
         return inner
 
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.dict(sys.modules, stand_in_modules(real_flashinfer)))
-        if not real_flashinfer:  # the recorder never touches a GPU, even on a GPU host
+        stack.enter_context(mock.patch.dict(sys.modules, stand_in_modules(flashinfer)))
+        if flashinfer != "real":  # the recorder never touches a GPU, even on a GPU host
             for name in ("empty", "full", "zeros", "ones"):
                 stack.enter_context(mock.patch.object(torch, name, to_cpu(getattr(torch, name))))
         else:
@@ -98,7 +100,7 @@ class SGLangRelease:
     module: types.ModuleType
     sha256: str
     hooks: Hooks = Hooks()
-    real_flashinfer: bool = False  # FlashInfer's real MoeAlltoAll instead of the recorder
+    flashinfer: str = "recorder"  # or "real" / "emulated" MoeAlltoAll (the rank pools)
     process_group: object = None  # with real FlashInfer: the group SGLang bootstraps over
     _instances: "OrderedDict[tuple, object]" = field(default_factory=OrderedDict, repr=False)
     _input_cache: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
@@ -185,7 +187,7 @@ class SGLangRelease:
         state = _State(world, rank, ctx, self.hooks)
         token = current.set(state)
         try:
-            with _sandbox(self.real_flashinfer):  # sglang.* is imported lazily in calls too
+            with _sandbox(self.flashinfer):  # sglang.* is imported lazily in calls too
                 yield state
         finally:
             current.reset(token)
@@ -263,7 +265,7 @@ class SGLangRelease:
 
     def step(self, world: World, ctx: SGLangContext = SGLangContext()) -> List[Outcome]:
         """Every EP rank's outcome for one step."""
-        with _sandbox(self.real_flashinfer):
+        with _sandbox(self.flashinfer):
             return [self.outcome(world, r, ctx) for r in range(world.ep_size)]
 
 
@@ -318,17 +320,17 @@ def _companion(path: Optional[Path], name: str) -> Optional[Callable]:
 _LOADED: Dict[tuple, SGLangRelease] = {}
 
 
-def load_release(path, label: Optional[str] = None, real_flashinfer: bool = False) -> SGLangRelease:
+def load_release(path, label: Optional[str] = None, flashinfer: str = "recorder") -> SGLangRelease:
     """Load one dispatcher ``flashinfer.py`` (loaded once per content hash per process)."""
     path = Path(path).resolve()
     if not path.is_file() or path.suffix != ".py":
         raise fetch.ReleaseError(f"sglang:{path}: expected SGLang's flashinfer.py, an SGLang "
                                  f"checkout, a wheel or a release version")
     digest = fetch.sha256(path)
-    if (digest, real_flashinfer) in _LOADED:
-        return _LOADED[digest, real_flashinfer]
-    name = f"_a2a_gate_sglang_{digest[:16]}{'_real' if real_flashinfer else ''}"
-    module = exec_engine_file(path, name, _sandbox(real_flashinfer), "sglang")
+    if (digest, flashinfer) in _LOADED:
+        return _LOADED[digest, flashinfer]
+    name = f"_a2a_gate_sglang_{digest[:16]}_{flashinfer}"
+    module = exec_engine_file(path, name, _sandbox(flashinfer), "sglang")
     if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
         raise fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
                                  f"not SGLang's token_dispatcher/flashinfer.py")
@@ -338,12 +340,12 @@ def load_release(path, label: Optional[str] = None, real_flashinfer: bool = Fals
                                          "require_mlp_tp_gather"),
         a2a_cap=_companion(fetch.companion_file(path, fetch.OVERRIDES),
                            "flashinfer_a2a_max_dispatch_tokens_per_rank"))
-    release = SGLangRelease(path, label or str(path), module, digest, hooks, real_flashinfer)
-    _LOADED[digest, real_flashinfer] = release
+    release = SGLangRelease(path, label or str(path), module, digest, hooks, flashinfer)
+    _LOADED[digest, flashinfer] = release
     return release
 
 
-def release_from_spec(target: str, real_flashinfer: bool = False) -> SGLangRelease:
+def release_from_spec(target: str, flashinfer: str = "recorder") -> SGLangRelease:
     """``sglang:TARGET``: "" (installed), a version, a wheel, a checkout or a flashinfer.py."""
     path, label = fetch.PACKAGE.main_file(target)
-    return load_release(path, label, real_flashinfer)
+    return load_release(path, label, flashinfer)

@@ -502,15 +502,23 @@ def _torch_distributed_comm_backend():
 
 
 @functools.lru_cache(maxsize=None)
-def stand_in_modules(real_flashinfer: bool = False) -> Dict[str, types.ModuleType]:
+def stand_in_modules(flashinfer: str = "recorder") -> Dict[str, types.ModuleType]:
     """Every module SGLang's dispatcher file imports, as stand-ins (for ``sys.modules``).
-    With ``real_flashinfer`` FlashInfer's own modules answer (the real ``MoeAlltoAll``,
-    ``Mapping``, ``MnnvlConfig``) and SGLang's comm backend runs over torch.distributed."""
+    ``flashinfer``: "recorder" (``MoeAlltoAll`` records and stops at the launch); "emulated"
+    (the CPU rank pool: ``gpu.emulated.EmulatedMoeAlltoAll``, the exact model over gloo);
+    "real" (FlashInfer's own modules answer, and SGLang's comm backend runs over
+    torch.distributed)."""
     table = _table()
-    if real_flashinfer:
+    if flashinfer == "real":
         table = {n: a for n, a in table.items() if n != "flashinfer" and not n.startswith("flashinfer.")}
         table["sglang.srt.layers.moe.token_dispatcher.flashinfer_utils"] = {
             "TorchDistributedCommBackend": _torch_distributed_comm_backend()}
+    elif flashinfer == "emulated":
+        from ..gpu.emulated import EmulatedMoeAlltoAll
+
+        table["flashinfer.comm"] = dict(table["flashinfer.comm"], MoeAlltoAll=EmulatedMoeAlltoAll)
+    elif flashinfer != "recorder":
+        raise ValueError(f"flashinfer={flashinfer!r}: recorder, emulated or real")
     mods = {}
     for name, attrs in table.items():
         m = StandIn(name)

@@ -3,6 +3,7 @@
 exits the process or never finishes importing is a usage error saying so (exit 4 in pytest,
 2 in the replay command)."""
 import importlib.util
+import os
 import subprocess
 import sys
 import textwrap
@@ -53,11 +54,17 @@ MODULES = {
 WORDS = {"exits": "ended the process", "sysexit": "raised SystemExit", "loops": "did not finish within 3 s"}
 
 
+def _path(monkeypatch, folder):
+    """``folder`` importable in child processes, the gate still importable beside it."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), str(SOURCE), *rest]))
+
+
 @pytest.fixture
 def hostile(tmp_path, monkeypatch):
     for name, body in MODULES.items():
         (tmp_path / f"hostile_{name}.py").write_text(body + "def rule(view):\n    return 1\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    _path(monkeypatch, tmp_path)
     monkeypatch.setenv("A2A_GATE_POLICY_LOAD_TIMEOUT_S", "3")
     return tmp_path
 
@@ -87,7 +94,7 @@ def test_a_rule_exiting_in_the_replay_command_is_a_violation(tmp_path, monkeypat
         def rule(view):
             sys.exit(0)
     """))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    _path(monkeypatch, tmp_path)
     done = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", "exits_late:rule",
                            repr(WORLD)], capture_output=True, text=True, timeout=60, cwd=SOURCE)
     assert done.returncode == 1 and "[rule crashed]" in done.stdout, done.stdout + done.stderr

@@ -1,10 +1,11 @@
-"""The rank pools, one per ep_size, started once per session in each xdist worker. Tests that
+"""The rank pools, one per ep_size, started once per session in each xdist worker (on a
+machine without a GPU or FlashInfer, with the exact CPU model of the A2A in the ranks). Tests that
 drive a pool carry its group (``on_pool``), so under ``--dist=loadgroup`` every test of one pool
 runs in the one worker that started it, and the pools of different groups run side by side
 on the GPUs (each pool its own processes, port and workspaces)."""
 import pytest
 
-from dispatcher.gpu.env import gpu_count
+from dispatcher.gpu.env import flashinfer_missing, gpu_count
 
 
 def on_pool(ep_size: int, use: str = "shared"):
@@ -31,7 +32,8 @@ def pools():
         if ep_size not in made:
             made[ep_size] = RankPool(ep_size, max(1, gpu_count()),
                                      GPU_SHAPES.largest.dispatch_bytes,
-                                     GPU_SHAPES.largest.combine_bytes)
+                                     GPU_SHAPES.largest.combine_bytes,
+                                     emulated=bool(flashinfer_missing()))
         return made[ep_size]
     yield get
     for pool in made.values():

@@ -64,11 +64,12 @@ def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt(pools):
     pool.run(world, "dispatcher.sizing:ideal_rule")
 
 
-@on_pool(2, "rebuilt")
-def test_a_python_error_on_a_rank_rebuilds_the_pool(pools):
+@on_pool(2, "shared")
+def test_a_python_error_on_every_rank_keeps_the_pool(pools):
     """FlashInfer's own assert (runtime over the cap, validation bypassed) is a Python error
-    on every rank: the example fails with it, and the pool is rebuilt, never left with ranks
-    out of step."""
+    on every rank before any kernel: the example fails with it and, every rank having
+    answered with an idle device, the pool is kept (a rebuild costs seconds per failing
+    example while Hypothesis shrinks)."""
     from dispatcher.gpu.rank_pool import RemoteError
 
     pool = pools(2)
@@ -76,7 +77,7 @@ def test_a_python_error_on_a_rank_rebuilds_the_pool(pools):
     before = pool.restarts
     with pytest.raises(RemoteError, match="AssertionError"):
         pool.run(world, "ideal_rule", bypass=[65, 65])
-    assert pool.restarts == before + 1
+    assert pool.restarts == before
     pool.run(world, "dispatcher.sizing:ideal_rule")
 
 
@@ -96,7 +97,7 @@ def test_rank_processes_exit_when_their_parent_is_killed(tmp_path):
         "from strategies import GPU_SHAPES\n"
         "if __name__ == '__main__':  # a child process must not start a pool of its own\n"
         "    pool = RankPool(2, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,\n"
-        "                    GPU_SHAPES.largest.combine_bytes)\n"
+        "                    GPU_SHAPES.largest.combine_bytes, emulated=gpu_count() == 0)\n"
         "    print(' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
         "    time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,

@@ -1,4 +1,5 @@
-"""SGLang's own ``FlashinferDispatcher`` end to end on the real kernels, in the rank pool:
+"""SGLang's own ``FlashinferDispatcher`` end to end on the real kernels, in the rank pool (on a
+machine without a GPU, on the exact CPU model of the kernels, exchanged over gloo):
 every rank process loads the SGLang file under test (``--policy=sglang:...``, else the newest
 pinned release) with FlashInfer's real ``MoeAlltoAll``; SGLang's ``__init__`` builds its
 workspace over the pool's process group, its ``dispatch()`` launches the real dispatch kernel
@@ -10,8 +11,10 @@ equal the model's, and the workspace SGLang built equals the byte model for its 
 import pytest
 from hypothesis import given
 
-from dispatcher.gpu.env import gpu_count
+from dispatcher.gpu.env import flashinfer_missing, gpu_count
 from dispatcher.model import properties
+from dispatcher.model.sglang_context import SGLangContext
+from dispatcher.policies import load_policy
 from dispatcher.model.world import MoeConfig, World
 from strategies import GPU_SHAPES, sglang_pool_worlds
 
@@ -29,9 +32,13 @@ def engine_spec(engine_under_test):
 def test_sglang_dispatch_and_combine_on_the_real_kernels(ep_size, pools, engine_spec):
     pool = pools(ep_size)
 
+    release = load_policy(engine_spec)[1]  # the recorder: which configs the release accepts
+
     @given(world=sglang_pool_worlds(ep_size))
     def run(world):
         from dispatcher.gpu.rank_pool import RemoteEngineError
+
+        world = properties.world_for(release, world, keep_cap=True)  # a config it accepts
 
         try:
             results = pool.run_sglang(world, engine_spec)
@@ -49,29 +56,57 @@ def test_sglang_dispatch_and_combine_on_the_real_kernels(ep_size, pools, engine_
     run()
 
 
-def test_an_undersized_release_is_caught_through_the_real_kernels():
-    """SGLang 0.5.14 in an SP world whose rows exceed the cap passes its static cap (8 < 9
-    rows); with the CPU agreement bypassed, in a throwaway pool, the real kernels' damage is
-    what fails the example (wrong combine output, or a CUDA fault)."""
+# SGLang 0.5.13 in the collapsed-dp_global context (SGLang #27945): each rank is handed only
+# its own group's count, so the ranks pass different runtimes (1 and 2), each covering its own
+# rows: SGLang's own checks pass, and only the agreement or the kernels can tell.
+COLLAPSED = SGLangContext(moe_dense_tp_size=1, enable_dp_lm_head=True)
+COLLAPSED_WORLD = World(ep_size=2, dp_size=2, group_tokens=(1, 2), max_num_tokens=8,
+                        moe=MoeConfig(hidden_size=128, top_k=8, num_experts=64, routing="hot_rank"))
+
+
+def test_a_rank_variant_release_is_caught_through_the_kernels():
+    """With the CPU agreement bypassed, in a throwaway pool, the kernels' (or the exact
+    model's) damage is what fails the example: wrong combine output, or a CUDA fault."""
     from dispatcher.gpu.rank_pool import RankPool, RemoteKernelFault, RemoteMismatch
 
-    world = World(ep_size=2, dp_size=1, group_tokens=(18,), max_num_tokens=8,
-                  moe=MoeConfig(hidden_size=128, top_k=8, num_experts=64, routing="hot_rank"))
     pool = RankPool(2, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,
-                    GPU_SHAPES.largest.combine_bytes)
+                    GPU_SHAPES.largest.combine_bytes, emulated=bool(flashinfer_missing()))
     try:
         with pytest.raises((RemoteMismatch, RemoteKernelFault)) as info:
-            pool.run_sglang(world, "sglang:0.5.14", bypass=True)
-        assert "differs from the reference" in str(info.value) or "CUDA" in str(info.value)
+            pool.run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", bypass=True, ctx=COLLAPSED)
+        assert "differs from the reference" in str(info.value) or "CUDA" in str(info.value) \
+            or "recv counts" in str(info.value)
     finally:
         pool.close()
 
 
 @on_pool(2)
-def test_the_agreement_refuses_an_undersized_sglang_runtime_before_any_kernel(pools):
+def test_the_agreement_refuses_a_rank_variant_sglang_runtime_before_any_kernel(pools):
     from dispatcher.gpu.rank_pool import RemoteSizingError
 
-    world = World(ep_size=2, dp_size=1, group_tokens=(18,), max_num_tokens=8,
-                  moe=MoeConfig(hidden_size=128, top_k=8, num_experts=64))
-    with pytest.raises(RemoteSizingError, match="PayloadExceedsRuntime"):
-        pools(2).run_sglang(world, "sglang:0.5.14")
+    with pytest.raises(RemoteSizingError, match="RuntimeDisagreement"):
+        pools(2).run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", ctx=COLLAPSED)
+
+
+@on_pool(2)
+def test_a_rank_failing_before_the_agreement_leaves_the_pool_in_step(pools, tmp_path):
+    """SGLang 0.5.23's file sizing from the smallest DP group: its own assert stops the rank
+    with the most rows before any launch while its peer waits in the agreement; the parent
+    calls the agreement off, every rank answers, and the pool is kept (a rebuild per failing
+    example made a wrong file take minutes to fail while Hypothesis shrank)."""
+    import time
+
+    from dispatcher.gpu.rank_pool import RemoteEngineError
+    from dispatcher.sglang import fetch
+    from dispatcher.sglang.verdicts import RELEASES
+
+    text = fetch.fetch_release(RELEASES[-1]).read_text()
+    mutant = tmp_path / "flashinfer.py"
+    mutant.write_text(text.replace("max_dp_tokens = max(dp_global_num_tokens)",
+                                   "max_dp_tokens = min(dp_global_num_tokens)"))
+    pool, world = pools(2), World(ep_size=2, dp_size=2, group_tokens=(9, 3), max_num_tokens=64)
+    before, t0 = pool.restarts, time.monotonic()
+    with pytest.raises(RemoteEngineError, match="x.shape"):
+        pool.run_sglang(world, f"sglang:{mutant}")
+    assert pool.restarts == before and time.monotonic() - t0 < 20
+    pool.run_sglang(world, f"sglang:{RELEASES[-1]}")  # and the next example runs
