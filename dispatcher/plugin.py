@@ -242,4 +242,31 @@ def pytest_runtest_setup(item):
         pytest.skip(reason)
 
 
+_EXIT = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[_EXIT] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """A policy that leaves a non-daemon thread running would keep this process alive after
+    the run (Python waits for such threads at exit): say so, and end with the run's status."""
+    import threading
+
+    if hasattr(config, "workerinput") or _EXIT not in config.stash:
+        return
+    stray = [t.name for t in threading.enumerate()
+             if t is not threading.main_thread() and t.is_alive() and not t.daemon]
+    if stray:
+        sys.stdout.flush()
+        sys.stderr.write(f"a2a-sizing-gate: non-daemon threads still running after the run "
+                         f"({', '.join(stray[:5])}): the policy under test started them; "
+                         f"exiting with the run's status ({config.stash[_EXIT]}) without "
+                         f"waiting for them\n")
+        sys.stderr.flush()
+        os._exit(config.stash[_EXIT])
+
+
 pytest_plugins = ["pytester"]  # the meta tests run the suite itself against bad rules

@@ -8,10 +8,12 @@ world every rank computes its own runtime with the policy under test from its ow
 through the parent, and all validate together before any kernel is launched; a rank that
 would launch alone would leave its peers spinning ~300 s and then trap.
 
-Every wait has a timeout. A remote failure comes back as its own exception type. A crashed
-rank, a timeout, a dead CUDA context or a Python error on a rank fails that example and the
-pool is rebuilt (once: a pool that cannot start raises ``PoolStartFailed`` with the rank's
-own words). Each rank's stderr goes to a log whose tail is quoted when the rank dies, so a
+Every wait has a timeout. A remote failure comes back as its own exception type and fails
+that example. The pool is rebuilt only when it is broken (a rank crashed, timed out or has a
+dead CUDA context); a failure every rank answered leaves it in step, and a rank that fails
+before the agreement has its waiting peers' agreement called off (``AgreementAborted``). A
+pool that cannot start raises ``PoolStartFailed`` once, with the rank's own words. Without a
+GPU (``emulated=True``) the ranks run over gloo on the exact CPU model of the A2A. Each rank's stderr goes to a log whose tail is quoted when the rank dies, so a
 CUDA fault's text is never lost; the parent waits on the ranks' pipes and process sentinels
 together, so a death is seen when it happens; ranks exit by themselves when their parent is
 gone.

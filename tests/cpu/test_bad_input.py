@@ -1,6 +1,7 @@
 """Bad input gets a clear, specific error and its own exit code: never code execution, a
 silent pass, a raw traceback or a hang. Each case is what a user can type or paste."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -44,6 +45,12 @@ def test_a_pasted_world_is_never_run_as_code(tmp_path):
      "--context is for sglang"),
     (["--policy", "seed_era_rule", repr(WORLD)], VIOLATED, "[tight]"),
     ([repr(WORLD)], OK, "emulated A2A round trip: exact"),
+    (["World(ep_size=4, ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=2)"],
+     BAD_INPUT, "ep_size= is given twice"),
+    ([f"World(ep_size=2, dp_size=1, group_tokens=({'9' * 4400},), max_num_tokens=2)"],
+     BAD_INPUT, "not a World(...) repr"),
+    ([f"World(ep_size=2, dp_size=1, group_tokens=({'9' * 40},), max_num_tokens=2)"],
+     BAD_INPUT, "no world this suite can build"),
 ])
 def test_replay_exit_codes(args, code, words):
     out = replay(*args)
@@ -133,6 +140,28 @@ def test_bad_sglang_targets_are_policy_errors(tmp_path, monkeypatch):
     # a wheel without a version in its name is still a wheel: labelled by its file name
     nameless = _wheel(tmp_path / "mybuild.whl", {fetch.RELEASE_FILE: "class FlashinferDispatcher:\n    pass\n"})
     assert "mybuild.whl" in load_policy(f"sglang:{nameless}")[1].label
+
+
+def test_the_verdict_command_refuses_specs_its_engine_filter_would_drop():
+    out = subprocess.run([sys.executable, "-m", "dispatcher.sglang_verdicts", "--engine", "vllm",
+                          "0.5.23"], capture_output=True, text=True, cwd=SOURCE, timeout=120)
+    assert out.returncode == 2 and "does not gate 0.5.23" in out.stderr
+
+
+def test_a_fetch_into_an_unwritable_cache_says_so(tmp_path, monkeypatch):
+    cache = tmp_path / "ro"
+    cache.mkdir()
+    cache.chmod(0o500)
+    monkeypatch.setenv(fetch.CACHE_ENV, str(cache / "sub"))
+    try:
+        if os.access(cache, os.W_OK):  # root writes anyway: make the cache path a file
+            (cache / "sub").write_text("not a folder")
+        out = subprocess.run([sys.executable, "-m", "dispatcher.sglang", "fetch", "0.5.23"],
+                             capture_output=True, text=True, cwd=SOURCE, timeout=120)
+        assert out.returncode == 2 and "cannot be written" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        cache.chmod(0o700)
 
 
 def test_versions_are_canonical():

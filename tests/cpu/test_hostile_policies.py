@@ -136,3 +136,27 @@ def test_warm_up_calls_do_not_count_against_the_budget():
     with pytest.raises(properties.SlowRule):
         for _ in range(10):
             budget.charge(0.05, "rule")
+
+
+def test_a_rule_leaving_a_thread_running_does_not_hang_pytest(pytester, tmp_path, monkeypatch):
+    (tmp_path / "threadrule.py").write_text(textwrap.dedent("""
+        import threading, time
+        def rule(view):
+            if not getattr(rule, "started", False):
+                rule.started = True
+                threading.Thread(target=time.sleep, args=(3600,), name="left-behind").start()
+            return max(1, max(v for v in [view.local_tokens]))
+    """))
+    _path(monkeypatch, tmp_path)
+    (pytester.path / "conftest.py").write_text(CONFTEST)
+    pytester.makepyfile(test_one="""
+        from dispatcher.model import properties
+        from dispatcher.model.world import World
+        def test_calls_the_rule(policy):
+            properties.rule_values(policy, World(ep_size=1, dp_size=1, group_tokens=(1,),
+                                                 max_num_tokens=1))
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
+                                           "--policy=threadrule:rule", timeout=60)
+    assert result.ret == pytest.ExitCode.OK
+    assert "left-behind" in result.stderr.str()

@@ -16,6 +16,7 @@ from dispatcher.model import properties
 from dispatcher.model.parse import parse_world
 from dispatcher.model.validation import validate
 from dispatcher.model.world import MoeConfig, World
+from dispatcher.sizing import NotApplicable
 from strategies import gpu_worlds, moe_configs, worlds
 
 pytestmark = pytest.mark.gpu
@@ -109,3 +110,39 @@ def test_after_a_cuda_fault_every_later_run_fails_fast_naming_it(single_gpu):
     probe.dead = "CUDA error: an illegal memory access while running World(...)"
     with pytest.raises(CudaContextDead, match="died earlier .*illegal memory access"):
         probe.run(World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4), [1, 1])
+
+
+@pytest.mark.parametrize("ep_size", range(1, 65))  # FlashInfer 0.7.2: at most 64 ranks
+def test_byte_model_equals_flashinfer_at_every_ep(ep_size, single_gpu):
+    """Every ep_size FlashInfer 0.7.2 takes, at caps from 1 to 16384, DeepSeek-V3's shape
+    (hidden 7168, top_k 8, 256 experts) in every payload format and a small one: FlashInfer's
+    own sizes, no kernel launched."""
+    for cap in (1, 7, 256, 4096, 16384):
+        for moe in (MoeConfig(hidden_size=7168, top_k=8, num_experts=256, payload=p)
+                    for p in ("bf16", "nvfp4", "mxfp8")):
+            world = World(ep_size=ep_size, dp_size=1, group_tokens=(0,), max_num_tokens=cap,
+                          moe=moe)
+            model = single_gpu.byte_model(world)
+            assert all(ours == theirs for ours, theirs in model.values()), (model, world)
+
+
+def test_the_largest_worlds_co_residency_allows(single_gpu, policy, policy_spec):
+    """The real kernels at the largest ep_size FlashInfer takes (64) and at every DP-attention
+    width down to 2, each with as many rows per rank as keep every rank's dispatch blocks
+    resident at once, computed from this GPU's SM count (one block per row, a few SMs spare)."""
+    import torch
+
+    sms = torch.cuda.get_device_properties(single_gpu.device).multi_processor_count
+    for ep in (64, 32, 16, 8, 4, 2):
+        rows = max(1, (sms - 4) // ep)
+        world = World(ep_size=ep, dp_size=ep, group_tokens=(rows,) * ep, max_num_tokens=rows,
+                      moe=MoeConfig(hidden_size=128, top_k=8, num_experts=max(64, ep)))
+        try:  # an engine policy runs its own nearest world (vLLM, SGLang), if it has one
+            world = getattr(policy, "engine_world", lambda w, **_: w)(world)
+        except NotApplicable:
+            continue
+        values = properties.rule_values(policy, world, policy_spec)
+        properties.check_all(world, values, policy_spec)
+        rt = single_gpu.run(world, [validate(values, world.views)] * ep)
+        assert not rt.problems, f"ep={ep} rows={rows} on {sms} SMs: " + _report(
+            world, values, rt, policy_spec)
