@@ -16,8 +16,12 @@ from functools import lru_cache
 __all__ = ["GPU_ENV", "apply", "free_port", "gpu_count", "flashinfer_missing"]
 
 # Never enable NVLink multicast on shared hosts (NCCL NVLS, torch symmetric memory, NVSHMEM).
+# CUDA_DEVICE_MAX_CONNECTIONS: the hardware queues streams map onto (default 8). The single-GPU
+# tier runs each EP rank on its own stream and every rank's dispatch blocks must run at once:
+# a rank whose stream shares a queue with a spinning peer never launches, and the peers wait
+# for it until FlashInfer's timeout (seen at ep 64: ranks 32+ never started). 32 is CUDA's most.
 GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-           "NVSHMEM_DISABLE_NVLS": "1"}
+           "NVSHMEM_DISABLE_NVLS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
 
 
 def apply() -> None:

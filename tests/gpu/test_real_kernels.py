@@ -24,7 +24,10 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="session")
 def single_gpu():
+    from dispatcher.gpu import env
     from dispatcher.gpu.single import SingleGpuA2A
+
+    env.apply()  # before this process's CUDA starts (CUDA_DEVICE_MAX_CONNECTIONS among them)
 
     return SingleGpuA2A()
 
@@ -127,13 +130,18 @@ def test_byte_model_equals_flashinfer_at_every_ep(ep_size, single_gpu):
 
 
 def test_the_largest_worlds_co_residency_allows(single_gpu, policy, policy_spec):
-    """The real kernels at the largest ep_size FlashInfer takes (64) and at every DP-attention
-    width down to 2, each with as many rows per rank as keep every rank's dispatch blocks
-    resident at once, computed from this GPU's SM count (one block per row, a few SMs spare)."""
+    """The real kernels at the largest ep_size one GPU can run as concurrent streams and at
+    every DP-attention width down to 2, each with as many rows per rank as keep every rank's
+    dispatch blocks resident at once: from this GPU's SM count (one block per row, a few SMs
+    spare) and its stream queues (CUDA_DEVICE_MAX_CONNECTIONS; FlashInfer itself takes 64)."""
+    import os
+
     import torch
 
     sms = torch.cuda.get_device_properties(single_gpu.device).multi_processor_count
-    for ep in (64, 32, 16, 8, 4, 2):
+    queues = int(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8"))
+    largest = min(64, queues, sms - 4)
+    for ep in (e for e in (64, 32, 16, 8, 4, 2) if e <= largest):
         rows = max(1, (sms - 4) // ep)
         world = World(ep_size=ep, dp_size=ep, group_tokens=(rows,) * ep, max_num_tokens=rows,
                       moe=MoeConfig(hidden_size=128, top_k=8, num_experts=max(64, ep)))
