@@ -38,3 +38,56 @@ def pools():
     yield get
     for pool in made.values():
         pool.close()
+
+
+def search(strategy, check_on_cpu, run_on_pool, where: str) -> None:
+    """A pool tier's search, shrinking where it is cheap. Each example runs ``check_on_cpu``
+    (the exact CPU model: the policy's values and the properties) and then ``run_on_pool``.
+    The search itself does not shrink: every try would cost a pool round trip. A failure the
+    CPU model reproduces is shrunk on the CPU model alone, and the shrunk example is replayed
+    once on the pool; a failure only the pool shows is reported as found. Either way the
+    message says which happened."""
+    from hypothesis import Phase, given, settings
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    from strategies.search import minimal
+
+    seen = {}
+
+    @settings(phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    @given(world=strategy)
+    def find(world):
+        seen["world"] = world
+        check_on_cpu(world)
+        run_on_pool(world)
+
+    def cpu_fails(world) -> bool:
+        try:
+            check_on_cpu(world)
+        except AssertionError:
+            return True
+        except UnsatisfiedAssumption:
+            return False
+        return False
+
+    try:
+        find()
+    except AssertionError as exc:
+        world = seen.get("world")
+        if world is None or not cpu_fails(world):
+            exc.args = (f"{exc.args[0] if exc.args else exc}\n[found on {where}, not shrunk: "
+                        f"the exact CPU model does not reproduce it]",) + exc.args[1:]
+            raise
+        small = minimal(strategy, cpu_fails, 500) or world
+        try:
+            check_on_cpu(small)
+        except AssertionError as small_exc:
+            try:
+                run_on_pool(small)
+                verdict = "passed (the CPU model's verdict stands)"
+            except Exception as pool_exc:  # noqa: BLE001 - reported beside the CPU's
+                verdict = f"{type(pool_exc).__name__}: {str(pool_exc).splitlines()[0][:300]}"
+            raise type(small_exc)(
+                f"{small_exc}\n[shrunk on the exact CPU model from {world!r}; the shrunk example "
+                f"on {where}: {verdict}]") from exc
+        raise

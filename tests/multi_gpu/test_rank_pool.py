@@ -2,13 +2,12 @@
 per session per ep_size and fed worlds by pipe; NCCL with one rank per GPU, gloo when ranks
 share GPUs. Same checks as the gpu tier, made on every rank."""
 import pytest
-from hypothesis import given
 
 from dispatcher.model import properties
 from dispatcher.model.world import MoeConfig, World
 from strategies import pool_worlds
 
-from .conftest import ep_sizes, on_pool
+from .conftest import ep_sizes, on_pool, search
 
 pytestmark = pytest.mark.multi_gpu
 
@@ -17,14 +16,17 @@ pytestmark = pytest.mark.multi_gpu
 def test_pool_round_trip(ep_size, pools, policy, policy_spec):
     pool = pools(ep_size)
 
-    @given(world=pool_worlds(ep_size))
-    def run(world):
-        world = properties.world_for(policy, world, keep_cap=True)  # an engine's own world (vLLM)
-        values = properties.values_or_reject(policy, world, policy_spec)
-        properties.check_all(world, values, policy_spec)
-        pool.run(world, policy_spec)
+    where = "the emulated pool" if pool.emulated else "the real kernels"
 
-    run()
+    def on_cpu(world):
+        world = properties.world_for(policy, world, keep_cap=True)  # an engine's own world (vLLM)
+        properties.check_all(world, properties.values_or_reject(policy, world, policy_spec),
+                             policy_spec)
+
+    def on_pool(world):
+        pool.run(properties.world_for(policy, world, keep_cap=True), policy_spec)
+
+    search(pool_worlds(ep_size), on_cpu, on_pool, where)
 
 
 @on_pool(2, "shared")

@@ -9,7 +9,6 @@ properties of the runtimes SGLang passed, the output equals the reference, recei
 equal the model's, and the workspace SGLang built equals the byte model for its cap.
 """
 import pytest
-from hypothesis import given
 
 from dispatcher.gpu.env import flashinfer_missing, gpu_count
 from dispatcher.model import properties
@@ -18,7 +17,7 @@ from dispatcher.policies import load_policy
 from dispatcher.model.world import MoeConfig, World
 from strategies import GPU_SHAPES, sglang_pool_worlds
 
-from .conftest import ep_sizes, on_pool
+from .conftest import ep_sizes, on_pool, search
 
 pytestmark = pytest.mark.multi_gpu
 
@@ -31,15 +30,18 @@ def engine_spec(engine_under_test):
 @pytest.mark.parametrize("ep_size", ep_sizes())
 def test_sglang_dispatch_and_combine_on_the_real_kernels(ep_size, pools, engine_spec):
     pool = pools(ep_size)
-
     release = load_policy(engine_spec)[1]  # the recorder: which configs the release accepts
+    where = "the emulated pool" if pool.emulated else "the real kernels"
 
-    @given(world=sglang_pool_worlds(ep_size))
-    def run(world):
+    def on_cpu(world):  # SGLang's own dispatch() on the recorder: the runtimes ranks will pass
+        world = properties.world_for(release, world, keep_cap=True)  # a config it accepts
+        properties.check_all(world, properties.values_or_reject(release, world, engine_spec),
+                             engine_spec)
+
+    def on_the_pool(world):
         from dispatcher.gpu.rank_pool import RemoteEngineError
 
-        world = properties.world_for(release, world, keep_cap=True)  # a config it accepts
-
+        world = properties.world_for(release, world, keep_cap=True)
         try:
             results = pool.run_sglang(world, engine_spec)
         except RemoteEngineError as exc:  # SGLang's dispatch() raised on every rank
@@ -53,7 +55,8 @@ def test_sglang_dispatch_and_combine_on_the_real_kernels(ep_size, pools, engine_
             f"SGLang built MoeAlltoAll(max_num_tokens, workspace_size_per_rank) = {built}, the "
             f"byte model for the cap {world.max_num_tokens} is {world.workspace_size}\n"
             + properties.explain(world, values, engine_spec))
-    run()
+
+    search(sglang_pool_worlds(ep_size), on_cpu, on_the_pool, where)
 
 
 # SGLang 0.5.13 in the collapsed-dp_global context (SGLang #27945): each rank is handed only
