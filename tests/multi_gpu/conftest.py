@@ -43,51 +43,42 @@ def pools():
 def search(strategy, check_on_cpu, run_on_pool, where: str) -> None:
     """A pool tier's search, shrinking where it is cheap. Each example runs ``check_on_cpu``
     (the exact CPU model: the policy's values and the properties) and then ``run_on_pool``.
-    The search itself does not shrink: every try would cost a pool round trip. A failure the
-    CPU model reproduces is shrunk on the CPU model alone, and the shrunk example is replayed
-    once on the pool; a failure only the pool shows is reported as found. Either way the
-    message says which happened."""
-    from hypothesis import Phase, given, settings
-    from hypothesis.errors import UnsatisfiedAssumption
+    A failure the CPU model shows fails before the pool, so Hypothesis shrinks it on the CPU
+    alone; the final replay of the shrunk example also runs it once on the pool and reports
+    both. A failure only the pool shows is not shrunk (every try would be a pool round trip):
+    once one is in hand, later tries skip the pool, and the example is reported as found.
+    Either way the message says which happened."""
+    from hypothesis import given
+    from hypothesis.control import current_build_context
 
-    from strategies.search import minimal
+    pool_failure = {}
 
-    seen = {}
-
-    @settings(phases=[Phase.explicit, Phase.reuse, Phase.generate])
     @given(world=strategy)
     def find(world):
-        seen["world"] = world
-        check_on_cpu(world)
-        run_on_pool(world)
-
-    def cpu_fails(world) -> bool:
         try:
             check_on_cpu(world)
-        except AssertionError:
-            return True
-        except UnsatisfiedAssumption:
-            return False
-        return False
-
-    try:
-        find()
-    except AssertionError as exc:
-        world = seen.get("world")
-        if world is None or not cpu_fails(world):
-            exc.args = (f"{exc.args[0] if exc.args else exc}\n[found on {where}, not shrunk: "
-                        f"the exact CPU model does not reproduce it]",) + exc.args[1:]
+        except AssertionError as exc:
+            if current_build_context().is_final:
+                try:
+                    run_on_pool(world)
+                    verdict = "passed (the CPU model's verdict stands)"
+                except Exception as pool_exc:  # noqa: BLE001 - reported beside the CPU's
+                    verdict = f"{type(pool_exc).__name__}: {str(pool_exc).splitlines()[0][:300]}"
+                _note(exc, f"[shrunk on the exact CPU model; the shrunk example on {where}: "
+                           f"{verdict}]")
             raise
-        small = minimal(strategy, cpu_fails, 500) or world
+        if pool_failure and world != pool_failure["world"]:
+            return  # a pool-only failure is in hand: no pool round trips while shrinking
         try:
-            check_on_cpu(small)
-        except AssertionError as small_exc:
-            try:
-                run_on_pool(small)
-                verdict = "passed (the CPU model's verdict stands)"
-            except Exception as pool_exc:  # noqa: BLE001 - reported beside the CPU's
-                verdict = f"{type(pool_exc).__name__}: {str(pool_exc).splitlines()[0][:300]}"
-            raise type(small_exc)(
-                f"{small_exc}\n[shrunk on the exact CPU model from {world!r}; the shrunk example "
-                f"on {where}: {verdict}]") from exc
-        raise
+            run_on_pool(world)
+        except AssertionError as exc:
+            pool_failure["world"] = world
+            _note(exc, f"[found on {where}, not shrunk: the exact CPU model does not "
+                       f"reproduce it]")
+            raise
+    find()
+
+
+def _note(exc: BaseException, line: str) -> None:
+    if not (exc.args and str(exc.args[0]).endswith(line)):
+        exc.args = (f"{exc.args[0] if exc.args else exc}\n{line}",) + exc.args[1:]
