@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiers", nargs="+", default=["cpu", "pool"], choices=list(TIERS))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", default="ci", help="HYPOTHESIS_PROFILE (gpu on a GPU host)")
+    ap.add_argument("--only", choices=("rules", "files"), help="only the wrong rules or files")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     rows = []
@@ -80,7 +81,8 @@ def main(argv=None) -> int:
         for tier in args.tiers:
             for label, spec in policies.items():
                 tests = TIERS[tier][label.startswith("sglang")]
-                if tests is None:
+                kind = "files" if label.startswith("sglang") else "rules"
+                if tests is None or args.only not in (None, kind):
                     continue
                 walls, codes, tail = [], [], ""
                 for _ in range(args.runs):
