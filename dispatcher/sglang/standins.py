@@ -21,7 +21,6 @@ from ..model.sglang_context import DERIVED_CAP_FLOOR, SGLangContext
 from ..model.validation import CAP_ENV
 from ..model.workspace import PayloadFormat, dispatch_payloads, workspace_size_per_rank
 from ..model.world import World
-from ..sizing import ceil_align
 
 __all__ = ["Launched", "LaunchRecord", "RoutedAround", "Hooks", "StandIn", "stand_in_modules",
            "stand_in_globals", "current"]

@@ -6,7 +6,6 @@ as it found it."""
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -2,7 +2,6 @@
 breaks fails, and the shrunk counterexample reads well. A property that passes on everything
 protects nothing; these tests prove each one can fail."""
 import re
-from pathlib import Path
 
 import pytest
 

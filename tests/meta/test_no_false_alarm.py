@@ -3,7 +3,6 @@ checkout-shaped tree), and with edits that change nothing SGLang can reach, pass
 tests and the property tests; an edit SGLang can reach still fails them. Run end to end through
 pytester, as a user runs ``pytest --policy=sglang:PATH``."""
 import shutil
-from pathlib import Path
 
 import pytest
 

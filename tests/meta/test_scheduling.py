@@ -11,7 +11,6 @@ And each pytest process starts without compiling Hypothesis again (conftest.py l
 of assert rewriting)."""
 import re
 from collections import defaultdict
-from pathlib import Path
 
 from .. import CONFTEST
 
