@@ -105,6 +105,7 @@ class Package:
     cache_env: str = ""
     what: str = "the dispatcher file"  # for messages: "SGLang's flashinfer.py"
     pins_file: Optional[Path] = None  # pins.json: the pinned releases' wheel and file hashes
+    module: str = ""  # the import name when it is not the distribution's ("flashinfer")
 
     # --- where things are -----------------------------------------------------------------
     def cache_dir(self) -> Path:
@@ -129,7 +130,8 @@ class Package:
 
     @property
     def _example(self) -> str:
-        return {"sglang": "0.5.23", "vllm": "0.33.0"}.get(self.name, "1.0.0")
+        return {"sglang": "0.5.23", "vllm": "0.33.0",
+                "flashinfer-python": "0.7.4"}.get(self.name, "1.0.0")
 
     def root_of(self, file: Path) -> Optional[Path]:
         """The tree ``file`` (the main file or a companion) sits in (the folder holding
@@ -207,7 +209,7 @@ class Package:
             wrong = sorted(n for n in set(hashes) | set(pin["files"])
                            if hashes.get(n) != pin["files"].get(n))
             raise ReleaseError(f"{origin}: {', '.join(wrong)} differ from the pinned release "
-                               f"(dispatcher/{self.name}/pins.json): the index served another file")
+                               f"(dispatcher/{self.module or self.name}/pins.json): the index served another file")
         folder.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
             staged = Path(tmp) / folder.name
@@ -249,7 +251,7 @@ class Package:
                                f"writable folder") from None
 
     def _download(self, version: str, folder: Path) -> Path:
-        hint = (f"(offline? pre-fetch with python -m dispatcher.{self.name} fetch {version}, "
+        hint = (f"(offline? pre-fetch with python -m dispatcher.{self.module or self.name} fetch {version}, "
                 f"or set {self.cache_env})")
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
@@ -288,7 +290,7 @@ class Package:
                            f"release version)")
 
     def installed_file(self) -> Path:
-        spec = importlib.util.find_spec(self.name)
+        spec = importlib.util.find_spec(self.module or self.name)
         if spec is None or not spec.submodule_search_locations:
             raise ReleaseError(f"{self.name} is not installed (pip install --no-deps "
                                f"{self.name}), or name a release: "

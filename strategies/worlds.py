@@ -15,7 +15,8 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from dispatcher.model.workspace import HIDDEN_MULTIPLE, SUPPORTED_TOP_K, PayloadFormat
+from dispatcher.model.generations import active
+from dispatcher.model.workspace import HIDDEN_MULTIPLE, PayloadFormat
 from dispatcher.model.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
 from dispatcher.sizing import ceil_align
 
@@ -154,7 +155,7 @@ def caps(draw, payload_rows: int, pre_scatter: int, placement: Optional[str] = N
 
 @st.composite
 def moe_configs(draw, ep_size: int, hidden_sizes: Sequence[int] = (128, 1024, 2048, 4096, 7168),
-                top_ks: Sequence[int] = SUPPORTED_TOP_K, max_experts_per_rank: int = 8,
+                top_ks: Optional[Sequence[int]] = None, max_experts_per_rank: int = 8,
                 payloads: Sequence[str] = ("bf16", "nvfp4", "mxfp8"),
                 num_experts: Optional[int] = None):
     """MoE shapes: supported top_k, num_experts >= max(ep_size, top_k) and not always a
@@ -163,7 +164,7 @@ def moe_configs(draw, ep_size: int, hidden_sizes: Sequence[int] = (128, 1024, 20
     payload = draw(_choice(tuple(payloads)))
     multiple = HIDDEN_MULTIPLE[PayloadFormat(payload)]
     hidden = draw(_choice(tuple(h for h in hidden_sizes if h % multiple == 0)))
-    top_k = draw(_choice(tuple(top_ks)))
+    top_k = draw(_choice(tuple(top_ks or active().supported_top_k)))  # the session's FlashInfer
     if num_experts is None:
         per_rank = draw(st.integers(1, max_experts_per_rank))
         extra = draw(st.integers(0, ep_size - 1)) if ep_size > 1 else 0

@@ -8,6 +8,13 @@ target's staged expert output at ``combine_offset + (src_rank * R + send_index) 
 an undersized or rank-variant runtime corrupts exactly the bytes the kernel would, and
 ``A2AModel.events`` names each write or read that left its slot. The kernel hands out send indices
 with ``atomicAdd`` (any order); the model uses token order, one of the kernel's legal orders.
+
+Both FlashInfer generations (``model/generations.py``): on 0.7.2 the combine region follows the
+runtime and the receive counters are one bank; on 0.7.4 (``moeAlltoAllKernels.cu``) the combine
+input sits at a fixed offset, the receive counters alternate between two banks by round parity,
+the combine prepare stages only the rows each source's count covers, and a rank whose own rows
+exceed its runtime is refused by the op (``RankRefused``) while its peers, already launched,
+wait for it until ``timeout_sec`` and trap.
 """
 from __future__ import annotations
 
@@ -16,12 +23,14 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..model.workspace import INT32, Layout, PayloadSpec, aux_offsets, layout, workspace_size_per_rank
+from ..model.generations import Generation, active
+from ..model.workspace import INT32, Layout, PayloadSpec
+from ..model.workspace_074 import round_parity
 from ..model.world import World
 from .inputs import (RankInputs, decode_hidden, from_bf16_bits, make_inputs,
                      reference_outputs, stand_in_moe, to_bf16_bits)
 
-__all__ = ["SlotEvent", "IllegalAddress", "A2AModel", "RoundTrip", "round_trip",
+__all__ = ["SlotEvent", "IllegalAddress", "RankRefused", "A2AModel", "RoundTrip", "round_trip",
            "expected_recv_counts", "POISON", "MAX_EMULATED_BYTES"]
 
 POISON = 0xA5  # unused slots hold this, so stale rows are visible
@@ -30,6 +39,21 @@ MAX_EMULATED_BYTES = 1 << 28  # all ranks' touched workspace bytes the model mat
 
 class IllegalAddress(RuntimeError):
     """A write or read past a rank's workspace: on a GPU, an illegal-address fault."""
+
+
+class RankRefused(RuntimeError):
+    """FlashInfer 0.7.4's dispatch op refused some ranks' calls ("Local token count exceeds the
+    runtime capacity"); the ranks it accepted launched and wait for the refused ones."""
+
+    def __init__(self, refused: Sequence[int], runtimes: Sequence[int], rows: Sequence[int]):
+        self.refused = tuple(refused)
+        self.waiting = tuple(r for r in range(len(runtimes)) if r not in self.refused)
+        detail = ", ".join(f"rank {r}: {rows[r]} rows > runtime {runtimes[r]}" for r in refused)
+        super().__init__(
+            f"FlashInfer 0.7.4 refuses the dispatch on {len(self.refused)} rank(s) ({detail}): "
+            f"RuntimeError 'Local token count exceeds the runtime capacity'. "
+            + (f"Ranks {list(self.waiting)} launched and wait for them until timeout_sec, then "
+               f"trap (the CUDA context is lost)." if self.waiting else ""))
 
 
 @dataclass(frozen=True)
@@ -65,7 +89,7 @@ def _where(lay: Layout, offset: int, aux_end: int) -> str:
             src, row = divmod((offset - start) // p.bytes_per_token, lay.runtime)
             return f"{p.name} slot of source rank {src}, row {row}"
     if lay.dispatch_end <= offset < lay.combine_offset:
-        return "alignment padding after the dispatch planes"
+        return "past the dispatch planes (padding, unused dispatch capacity, combine flags)"
     if lay.combine_offset <= offset < lay.combine_end:
         src, row = divmod((offset - lay.combine_offset) // lay.combine_bytes, lay.runtime)
         return f"combine slot of source rank {src}, row {row}"
@@ -77,17 +101,24 @@ class A2AModel:
     collective calls, each taking every rank's arguments at once."""
 
     def __init__(self, ep_size: int, max_num_tokens: int, payloads: Sequence[PayloadSpec],
-                 combine_bytes: int):
+                 combine_bytes: int, generation: Optional[Generation] = None):
         self.ep_size = ep_size
         self.max_num_tokens = max_num_tokens
         self.payloads = tuple(payloads)
         self.combine_bytes = combine_bytes
-        self.size_per_rank = workspace_size_per_rank(
-            ep_size, max_num_tokens, sum(p.bytes_per_token for p in payloads), combine_bytes)
-        self.aux = aux_offsets(ep_size, max_num_tokens)
-        # moe_a2a_initialize zeroes each rank; we poison the planes so stale rows show. Bytes
-        # are materialised lazily up to the furthest one touched (caps reach 16384 rows).
-        self.workspace = np.zeros((ep_size, self.aux.payload_data), dtype=np.uint8)
+        self.generation = gen = generation or active()
+        self.size_per_rank = gen.workspace_size(ep_size, max_num_tokens, self.payloads,
+                                                combine_bytes)
+        self.aux_end = gen.aux_end(ep_size, max_num_tokens, self.payloads, combine_bytes)
+        self.recv_counters = gen.recv_counters_offset(ep_size, max_num_tokens, self.payloads,
+                                                      combine_bytes)
+        self.flag_val = 0  # moe_a2a_initialize: 0; each dispatch and each combine adds 1
+        # moe_a2a_initialize zeroes each rank (0.7.4: its receive counters to -1); we poison
+        # the planes so stale rows show. Bytes are materialised lazily up to the furthest one
+        # touched (caps reach 16384 rows).
+        self.workspace = np.zeros((ep_size, self.aux_end), dtype=np.uint8)
+        if gen.counter_banks == 2:
+            self.workspace[:, self.recv_counters:self.recv_counters + 2 * ep_size * INT32] = 0xFF
         self.events: List[SlotEvent] = []  # every row moved to or from a place not its slot
         self._sends: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._layouts: List[Layout] = []
@@ -102,7 +133,8 @@ class A2AModel:
             self.workspace = grown
 
     def _layout(self, runtime: int) -> Layout:
-        lay = layout(self.ep_size, self.max_num_tokens, runtime, self.payloads, self.combine_bytes)
+        lay = self.generation.layout(self.ep_size, self.max_num_tokens, runtime, self.payloads,
+                                     self.combine_bytes)
         if lay.dispatch_end > self.size_per_rank:  # the C++ op's TVM_FFI_ICHECK
             raise ValueError(f"workspace size per rank insufficient, need {lay.dispatch_end} "
                              f"bytes but has {self.size_per_rank}")
@@ -124,6 +156,12 @@ class A2AModel:
         (``[W, R_rank, bytes]`` views per payload) and the recv-count matrix [target, source]."""
         W = self.ep_size
         self._layouts = [self._layout(r) for r in runtimes]
+        if self.generation.checks_local_rows:  # TVM_FFI_ICHECK(localNumTokens <= runtime...)
+            rows = [inp.owners.shape[0] for inp in inputs]
+            refused = [r for r in range(W) if rows[r] > runtimes[r]]
+            if refused:
+                raise RankRefused(refused, runtimes, rows)
+        self.flag_val += 1  # moeA2APrepareDispatchKernel
         self._ensure(max(lay.bytes_needed for lay in self._layouts))
         recv_counts = np.zeros((W, W), dtype=np.int64)
         self._sends = []
@@ -141,9 +179,14 @@ class A2AModel:
                     self._ensure(int(dst.max()) + b)
                 cols = dst[:, None] + np.arange(b)
                 self.workspace[tgt[:, None], cols] = inp.payload_rows[q][tok]
-        for t in range(W):  # send_counters -> recv_counters[target][source]
-            off = self.aux.recv_counters
+        bank = self.bank
+        for t in range(W):  # send_counters -> recv_counters[target][bank][source]
+            off = self.recv_counters + bank * W * INT32
             self.workspace[t, off:off + W * INT32] = recv_counts[t].astype(np.int32).view(np.uint8)
+            if self.generation.counter_banks == 2:  # the prepare kernel marks the next bank -1
+                nxt = self.recv_counters + (1 - bank) * W * INT32
+                self.workspace[t, nxt:nxt + W * INT32] = 0xFF
+        self._recv_counts = recv_counts
         views = []
         for t in range(W):
             lay = self._layouts[t]
@@ -151,6 +194,16 @@ class A2AModel:
                           .reshape(W, lay.runtime, p.bytes_per_token)
                           for o, p in zip(lay.recv_offsets, self.payloads)])
         return views, recv_counts
+
+    @property
+    def bank(self) -> int:
+        """The receive-counter bank of the current round (always 0 on 0.7.2)."""
+        return round_parity(self.flag_val) if self.generation.counter_banks == 2 else 0
+
+    def recv_counters_read(self, rank: int, bank: Optional[int] = None) -> np.ndarray:
+        """The int32 receive counters [source] in ``rank``'s workspace, from ``bank``."""
+        off = self.recv_counters + (self.bank if bank is None else bank) * self.ep_size * INT32
+        return self.workspace[rank, off:off + self.ep_size * INT32].view(np.int32).copy()
 
     def _audit(self, phase, s, tok, tgt, idx, offsets, q, runtimes, plane_start, b):
         """Record every row whose offset differs from its receiver's slot row, and fault on
@@ -172,7 +225,7 @@ class A2AModel:
             t = int(tgt[i])
             self.events.append(SlotEvent(
                 phase, s, t, int(tok[i]), name, int(idx[i]), int(R[s]), int(R[t]),
-                verb + _where(self._layouts[t], int(offsets[i]), self.aux.payload_data)))
+                verb + _where(self._layouts[t], int(offsets[i]), self.aux_end)))
 
     def combine(self, runtimes: Sequence[int], expert_outputs: Sequence[np.ndarray],
                 local_num_tokens: Sequence[int]) -> List[np.ndarray]:
@@ -183,7 +236,19 @@ class A2AModel:
         for t in range(W):
             lay = self._layouts[t]
             out = np.ascontiguousarray(expert_outputs[t]).view(np.uint8).reshape(-1)
-            self.workspace[t, lay.combine_offset:lay.combine_offset + out.size] = out
+            if self.generation.fixed_combine_region:
+                # moeA2APrepareCombineKernel: only row j < recv_count[bank][source] of each
+                # source's block is staged (the rest keeps what was there)
+                self._ensure(lay.combine_offset + out.size)
+                counts = self.recv_counters_read(t)
+                rows = out.reshape(W, lay.runtime, c)
+                for src in range(W):
+                    n = min(max(int(counts[src]), 0), lay.runtime)
+                    at = lay.combine_offset + src * lay.runtime * c
+                    self.workspace[t, at:at + n * c] = rows[src, :n].reshape(-1)
+            else:
+                self.workspace[t, lay.combine_offset:lay.combine_offset + out.size] = out
+        self.flag_val += 1  # moeA2APrepareCombineKernel
         results = []
         for s in range(W):
             tok, tgt, idx = self._sends[s]
@@ -244,7 +309,8 @@ def round_trip(world: World, runtimes: Sequence[int],
     fmt = moe.payload_format
     specs = moe.payloads
     inputs = make_inputs(world) if inputs is None else inputs
-    model = A2AModel(world.ep_size, world.max_num_tokens, specs, moe.combine_bytes)
+    model = A2AModel(world.ep_size, world.max_num_tokens, specs, moe.combine_bytes,
+                     world.generation)
     views, recv_counts = model.dispatch(runtimes, inputs)
     n_hidden = len(specs) - 2
     received_ok = _received_rows_ok(model, views, inputs)

@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Sequence
 
 from ..sizing import NotApplicable, Policy
 from .validation import A2ASizingError, NotAnInteger, require_int
+from .generations import replay_flag
 from .world import World
 
 __all__ = ["PropertyViolation", "RuleCrashed", "RefusedCorrectly", "SlowRule", "RuleBudget",
@@ -232,7 +233,8 @@ def explain(world: World, values: Sequence, name: str = "the rule") -> str:
     return (f"world:\n{world.describe()}\n"
             f"  {name} returned per EP rank: {shown}   ideal: {world.ideal_runtime}\n"
             + (f"{notes}\n" if notes else "")
-            + f"replay: python -m dispatcher --policy {shlex.quote(name)}{extra} \"{world!r}\"")
+            + f"replay: python -m dispatcher{replay_flag()} --policy {shlex.quote(name)}{extra} "
+              f"\"{world!r}\"")
 
 
 def _fail(prop: str, what: str, world: World, values, name: str):

@@ -13,9 +13,9 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ..sizing import RankView, ceil_align
-from .workspace import (SUPPORTED_TOP_K, Layout, PayloadFormat, PayloadSpec,
-                        combine_bytes_per_token, dispatch_payloads, layout,
-                        workspace_size_per_rank)
+from .generations import Generation, active
+from .workspace import (Layout, PayloadFormat, PayloadSpec, combine_bytes_per_token,
+                        dispatch_payloads)
 
 __all__ = ["MoeConfig", "World", "DP_GLOBAL_KINDS", "ROUTINGS", "owned_experts", "owners_of"]
 
@@ -97,8 +97,9 @@ class MoeConfig:
         _require_ints(self, "hidden_size", "top_k", "num_experts", "seed")
         if self.hidden_size < 1 or self.hidden_size % 2:
             raise ValueError(f"hidden_size={self.hidden_size} must be a positive even number")
-        if self.top_k not in SUPPORTED_TOP_K:
-            raise ValueError(f"top_k={self.top_k} not in FlashInfer's {SUPPORTED_TOP_K}")
+        supported = active().supported_top_k
+        if self.top_k not in supported:
+            raise ValueError(f"top_k={self.top_k} not in {active()}'s {supported}")
         if self.routing not in ROUTINGS:
             raise ValueError(f"routing={self.routing!r} not in {ROUTINGS}")
         PayloadFormat(self.payload)
@@ -223,15 +224,20 @@ class World:
         return self.max_rows <= self.max_num_tokens
 
     @property
+    def generation(self) -> Generation:
+        """The FlashInfer A2A generation this session models (``--flashinfer``)."""
+        return active()
+
+    @property
     def workspace_size(self) -> int:
         """Bytes per rank FlashInfer's workspace has for this world's cap and MoE shapes."""
-        return workspace_size_per_rank(self.ep_size, self.max_num_tokens,
-                                       self.moe.dispatch_bytes, self.moe.combine_bytes)
+        return self.generation.workspace_size(self.ep_size, self.max_num_tokens,
+                                              self.moe.payloads, self.moe.combine_bytes)
 
     def layout(self, runtime: int) -> Layout:
         """Where one dispatch + combine with ``runtime`` rows puts things in a workspace."""
-        return layout(self.ep_size, self.max_num_tokens, runtime, self.moe.payloads,
-                      self.moe.combine_bytes)
+        return self.generation.layout(self.ep_size, self.max_num_tokens, runtime,
+                                      self.moe.payloads, self.moe.combine_bytes)
 
     def rank_view(self, ep_rank: int) -> RankView:
         return RankView(ep_rank=ep_rank, ep_size=self.ep_size, dp_size=self.dp_size,
@@ -258,7 +264,7 @@ class World:
             f"  payload rows per EP rank (x.shape[0]): {_compact(self.rows_per_rank)}",
             f"  workspace cap max_num_tokens={self.max_num_tokens}; ideal runtime="
             f"{self.ideal_runtime}{'' if self.payload_fits_cap else '  (payload OVER the cap)'}",
-            f"  moe: {self.moe}",
+            f"  moe: {self.moe}  (on {self.generation}'s A2A)",
         ])
 
 

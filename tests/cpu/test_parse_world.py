@@ -28,8 +28,8 @@ def test_every_world_reads_back_from_its_repr(world):
     ("World(ep_size=2, dp_size=1, group_tokens=[1], max_num_tokens=1)", "tuple of ints"),
     ("World(ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=1, color=3)",
      "unexpected keyword"),
-    ("World(ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=1, moe=MoeConfig(top_k=3))",
-     "top_k=3"),
+    ("World(ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=1, moe=MoeConfig(top_k=5))",
+     "top_k=5"),
     ("World(" + "x" * 30_000 + ")", "characters"),
 ])
 def test_anything_else_is_a_bad_world_naming_the_problem(text, words):

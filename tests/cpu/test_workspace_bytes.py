@@ -1,11 +1,17 @@
-"""The byte model: FlashInfer's workspace size, exact, and what a call needs of it."""
+"""The byte model of both FlashInfer generations: the workspace size, exact, and what a call
+needs of it. 0.7.4's model is checked against FlashInfer 0.7.4's own layout function, built
+from the release for this CPU (dispatcher/flashinfer/host_layout.py)."""
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 
+from dispatcher.model import workspace_074 as w074
+from dispatcher.model.generations import GENERATIONS, using
 from dispatcher.model.workspace import (PayloadFormat, aux_size, dispatch_payloads, pad,
                                         workspace_size_per_rank)
 from dispatcher.model.world import World
 from strategies import moe_configs, worlds
+
+BOTH = pytest.mark.parametrize("version", list(GENERATIONS))
 
 
 def test_design_example_to_the_byte():
@@ -33,22 +39,102 @@ def test_aux_size(w, head):
         assert aux_size(w, cap) == head + 2 * pad(88 * cap)
 
 
+@BOTH
 @given(world=worlds(moe=moe_configs), frac=st.floats(0, 1))
-def test_needed_bytes_fit_for_every_runtime_up_to_the_cap(world, frac):
-    size, cap = world.workspace_size, world.max_num_tokens
-    for runtime in {1, max(1, round(frac * cap)), cap}:
-        lay = world.layout(runtime)
-        assert lay.dispatch_end <= size and lay.combine_end <= size
-    assert size - world.layout(cap).combine_end < 128  # the cap uses it up to its padding
+def test_needed_bytes_fit_for_every_runtime_up_to_the_cap(version, world, frac):
+    with using(version) as gen:
+        assume(world.moe.top_k in gen.supported_top_k)
+        size, cap = world.workspace_size, world.max_num_tokens
+        for runtime in {1, max(1, round(frac * cap)), cap}:
+            lay = world.layout(runtime)
+            assert lay.dispatch_end <= size and lay.combine_end <= size
+        # the cap uses the workspace up to its padding (0.7.4 pads its regions to 256 bytes)
+        assert size - world.layout(cap).combine_end < (256 if gen.fixed_combine_region else 128)
+
+
+@BOTH
+@given(world=worlds(moe=moe_configs))
+def test_one_row_past_the_cap_does_not_fit(version, world):
+    with using(version) as gen:
+        assume(world.moe.top_k in gen.supported_top_k)
+        if gen.version == "0.7.4":  # the op itself refuses it (0.7.2 only asserted in Python)
+            with pytest.raises(ValueError, match="exceeds the allocation-time token capacity"):
+                world.layout(world.max_num_tokens + 1)
+            return
+        over = world.layout(world.max_num_tokens + 1)
+        assert over.bytes_needed > world.workspace_size  # W * 2H >= 128 for every drawn H
+
+
+@BOTH
+def test_layout_rejects_what_the_kernel_rejects(version):
+    with using(version):
+        world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=8)
+        with pytest.raises(ValueError, match="> 0"):
+            world.layout(0)
+
+
+# --- 0.7.4 against FlashInfer's own layout code ----------------------------------------------
+@pytest.fixture(scope="module")
+def host_layout_074(tmp_path_factory):
+    """FlashInfer 0.7.4's calculateWorkspaceLayout, compiled from the release for this CPU."""
+    from dispatcher.flashinfer.host_layout import build
+
+    return build("0.7.4", tmp_path_factory.mktemp("layout-0.7.4"))
+
+
+layout_calls = st.tuples(
+    st.one_of(st.integers(1, 64), st.sampled_from([128, 255, 256])),  # ep_size (up to 256)
+    st.one_of(st.integers(1, 300), st.sampled_from([1024, 8192, 16384, 2**20])),  # cap
+    st.sampled_from(w074.SUPPORTED_TOP_K),
+    st.integers(1, 1 << 34),  # dispatch bytes as asked
+    st.integers(1, 1 << 34),  # combine input bytes as asked
+    st.integers(0, 512))  # EPLB statistics experts
+
+
+@given(calls=st.lists(layout_calls, min_size=1, max_size=40))
+def test_074_offsets_equal_flashinfers_layout_function(host_layout_074, calls):
+    from dispatcher.flashinfer.host_layout import model_fields
+
+    theirs = host_layout_074.layouts([(ep, cap, k, d, cmb, 0, eplb, 0)
+                                      for ep, cap, k, d, cmb, eplb in calls])
+    for (ep, cap, k, d, cmb, eplb), got in zip(calls, theirs):
+        ours = model_fields(w074.offsets(ep, cap, k, d, cmb, eplb))
+        assert isinstance(got, dict), got
+        assert {n: got[n] for n in ours} == ours, (ep, cap, k, d, cmb, eplb)
+        assert got["cft_enabled"] == 0 and got["lamport_max_num_tokens"] == 0
 
 
 @given(world=worlds(moe=moe_configs))
-def test_one_row_past_the_cap_does_not_fit(world):
-    over = world.layout(world.max_num_tokens + 1)
-    assert over.bytes_needed > world.workspace_size  # W * 2H >= 128 for every drawn H
+def test_074_workspace_of_every_world_is_flashinfers(host_layout_074, world):
+    """What NVLinkOneSidedAlltoAll would allocate for the world's cap and MoE shapes."""
+    moe = world.moe
+    assume(moe.top_k in w074.SUPPORTED_TOP_K)
+    W, cap = world.ep_size, world.max_num_tokens
+    d = w074.dispatch_capacity(W, cap, moe.dispatch_bytes)
+    c = w074.combine_capacity(W, cap, moe.combine_bytes)
+    (got,) = host_layout_074.layouts([(W, cap, moe.top_k, d, c, 0, 0, 0)])
+    assert got["workspace_size"] == w074.workspace_size_per_rank(W, cap, moe.payloads,
+                                                                  moe.combine_bytes)
+    lay = w074.layout(W, cap, cap, moe.payloads, moe.combine_bytes)
+    assert lay.recv_offsets[0] == got["dispatch_payload_offset"]
+    assert lay.combine_offset == got["combine_input_offset"]
 
 
-def test_layout_rejects_what_the_kernel_rejects():
-    world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=8)
-    with pytest.raises(ValueError, match="> 0"):
-        world.layout(0)
+def test_074_refuses_what_flashinfer_refuses(host_layout_074):
+    bad = [(0, 1, 8, 1, 1, 0, 0, 0), (257, 1, 8, 1, 1, 0, 0, 0), (2, 0, 8, 1, 1, 0, 0, 0),
+           (2, 1, 0, 1, 1, 0, 0, 0), (2, 1, 23, 1, 1, 0, 0, 0)]
+    for call, theirs in zip(bad, host_layout_074.layouts(bad)):
+        assert isinstance(theirs, str), call
+        with pytest.raises(ValueError) as ours:
+            w074.offsets(*call[:5])
+        assert str(ours.value).split(":")[0] == theirs.split(":")[0]
+
+
+def test_074_sizes_differ_from_072_both_ways():
+    """Smaller for top_k < 22 at a large cap, larger for a tiny cap (256-byte regions)."""
+    specs = dispatch_payloads(PayloadFormat.BF16, 4096, 8)
+    d = sum(p.bytes_per_token for p in specs)
+    assert w074.workspace_size_per_rank(2, 256, specs, 8192) < workspace_size_per_rank(2, 256, d, 8192)
+    tiny = dispatch_payloads(PayloadFormat.BF16, 2, 1)
+    assert (w074.workspace_size_per_rank(1, 1, tiny, 4)
+            > workspace_size_per_rank(1, 1, sum(p.bytes_per_token for p in tiny), 4))

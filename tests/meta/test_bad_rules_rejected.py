@@ -7,7 +7,8 @@ import pytest
 
 from .. import copy_suite
 
-from dispatcher.emulator.a2a import round_trip
+from dispatcher.emulator.a2a import RankRefused, round_trip
+from dispatcher.model.generations import using
 from dispatcher.model import properties
 from dispatcher.model.properties import breaks
 from dispatcher.mutants import MUTANTS
@@ -64,13 +65,17 @@ def test_seed_era_rule_oversized_only_with_dp_attention_and_attn_tp():
 
 
 def test_undersized_rule_corrupts_the_emulated_a2a():
-    """Past the CPU checks: the exact model shows the wrong output an undersized rule causes."""
+    """Past the CPU checks: the exact model shows what an undersized rule causes: wrong output
+    on 0.7.2, the short ranks refused on 0.7.4 (their peers left waiting)."""
     def corrupted(world):
         values = properties.rule_values(RULES["undersized"], world)
         return world.max_rows >= 2 and not round_trip(world, values).exact
-    world = minimal(a2a_worlds(), corrupted)
-    rt = round_trip(world, properties.rule_values(RULES["undersized"], world))
+    with using("0.7.2"):
+        world = minimal(a2a_worlds(), corrupted)
+        rt = round_trip(world, properties.rule_values(RULES["undersized"], world))
     assert rt.events and rt.mismatched_ranks()
+    with using("0.7.4"), pytest.raises(RankRefused):
+        round_trip(world, properties.rule_values(RULES["undersized"], world))
 
 
 @pytest.mark.xdist_group("worlds-500")  # one worker records the search once (--dist=loadgroup)

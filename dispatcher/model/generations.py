@@ -1,0 +1,152 @@
+"""The FlashInfer A2A generations the gate models, behind one interface.
+
+``0.7.2`` (also 0.7.2.post1: the same A2A files) is ``MoeAlltoAll`` / ``moe_a2a_*`` over
+``trtllm_moe_alltoall.cu`` (byte model: ``workspace.py``); ``0.7.4`` is the NVLink one-sided
+rewrite behind ``flashinfer.moe_ep.NVLinkOneSidedAlltoAll`` (``workspace_074.py``). A session
+runs one generation: ``--flashinfer=0.7.2|0.7.4``, else the installed FlashInfer, else 0.7.2.
+The choice travels to xdist workers and rank processes in ``$A2A_GATE_FLASHINFER``, so every
+process of a run models the same kernels.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+from . import workspace as w072
+from . import workspace_074 as w074
+from .workspace import Layout, PayloadSpec
+
+__all__ = ["Generation", "GENERATIONS", "ENV", "DEFAULT", "active", "generation_of",
+           "installed_version", "UnknownGeneration", "replay_flag", "using"]
+
+ENV = "A2A_GATE_FLASHINFER"
+DEFAULT = "0.7.2"
+
+
+class UnknownGeneration(ValueError):
+    """A FlashInfer version the gate has no model for."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the gate needs to know of one FlashInfer A2A generation."""
+
+    version: str
+    supported_top_k: Tuple[int, ...]
+    max_payloads: int
+    max_ranks: int
+    counter_banks: int  # receive-counter banks (0.7.4 alternates two by round parity)
+    checks_local_rows: bool  # the op refuses a rank whose own rows exceed its runtime
+    fixed_combine_region: bool  # the combine input no longer follows the runtime
+    module_name: str  # the JIT module behind it
+    _size: Callable[[int, int, Tuple[PayloadSpec, ...], int], int]
+    _layout: Callable[..., Layout]
+
+    def workspace_size(self, ep_size: int, max_num_tokens: int,
+                       payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> int:
+        """Bytes per rank the workspace has when sized for ``max_num_tokens``."""
+        return self._size(ep_size, max_num_tokens, tuple(payloads), combine_bytes)
+
+    def layout(self, ep_size: int, max_num_tokens: int, runtime: int,
+               payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> Layout:
+        """Where one dispatch + combine with ``runtime`` rows puts things in a rank's workspace
+        (``ValueError`` where the C++ op refuses the call)."""
+        return self._layout(ep_size, max_num_tokens, runtime, tuple(payloads), combine_bytes)
+
+    def aux_end(self, ep_size: int, max_num_tokens: int,
+                payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> int:
+        """Where the first receive plane starts (counters, flags and routing tables before)."""
+        return self.layout(ep_size, max_num_tokens, 1, payloads, combine_bytes).recv_offsets[0]
+
+    def recv_counters_offset(self, ep_size: int, max_num_tokens: int,
+                             payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> int:
+        if self.version == "0.7.4":
+            return _offsets_074(ep_size, max_num_tokens, payloads, combine_bytes).recv_counters
+        return w072.aux_offsets(ep_size, max_num_tokens).recv_counters
+
+    def __str__(self) -> str:
+        return f"FlashInfer {self.version}"
+
+
+def _size_072(ep, cap, payloads, combine_bytes):
+    return w072.workspace_size_per_rank(ep, cap, sum(p.bytes_per_token for p in payloads),
+                                        combine_bytes)
+
+
+def _layout_072(ep, cap, runtime, payloads, combine_bytes):
+    return w072.layout(ep, cap, runtime, payloads, combine_bytes)
+
+
+def _offsets_074(ep, cap, payloads, combine_bytes):
+    return w074._offsets_for(ep, cap, tuple(payloads), combine_bytes)
+
+
+GENERATIONS = {
+    "0.7.2": Generation("0.7.2", w072.SUPPORTED_TOP_K, w072.MAX_PAYLOADS, 64, 1, False, False,
+                        "mnnvl_moe_alltoall", _size_072, _layout_072),
+    "0.7.4": Generation("0.7.4", w074.SUPPORTED_TOP_K, w074.MAX_PAYLOADS, w074.MAX_RANKS, 2,
+                        True, True, "nvlink_one_sided_alltoall", w074.workspace_size_per_rank,
+                        w074.layout),
+}
+
+
+def generation_of(version: str) -> Generation:
+    """The generation a FlashInfer version belongs to (``0.7.2.post1`` is 0.7.2)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = ".".join(str(p) for p in Version(str(version)).release[:3])
+    except InvalidVersion:
+        raise UnknownGeneration(f"--flashinfer={version!r}: not a version; the gate models "
+                                f"{', '.join(GENERATIONS)}") from None
+    if release not in GENERATIONS:
+        raise UnknownGeneration(f"FlashInfer {version}: the gate models the A2A of "
+                                f"{', '.join(GENERATIONS)} only")
+    return GENERATIONS[release]
+
+
+@functools.lru_cache(maxsize=None)
+def installed_version() -> Optional[str]:
+    """The installed flashinfer-python's version (read from its metadata, never imported)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("flashinfer-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def active() -> Generation:
+    """The session's generation: ``$A2A_GATE_FLASHINFER`` (the plugin sets it from
+    ``--flashinfer``), else the installed FlashInfer, else 0.7.2."""
+    return _resolve(os.environ.get(ENV) or installed_version() or DEFAULT)
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(version: str) -> Generation:
+    return generation_of(version)
+
+
+def replay_flag() -> str:
+    """`` --flashinfer=X`` for a replay line when the session models another generation than
+    the default (so the line reproduces the failure on any machine)."""
+    version = active().version
+    return "" if version == DEFAULT else f" --flashinfer={version}"
+
+
+@contextlib.contextmanager
+def using(version: str):
+    """Model ``version`` inside the block (for tests that check both generations), then
+    restore the session's choice."""
+    before = os.environ.get(ENV)
+    os.environ[ENV] = generation_of(version).version
+    try:
+        yield active()
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
