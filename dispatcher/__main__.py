@@ -13,6 +13,7 @@ round trip is wrong); 2 bad input (the world text, the policy spec, the argument
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -103,9 +104,19 @@ def main(argv=None) -> int:
     ap.add_argument("world", help="a World repr, as printed by a failing test")
     ap.add_argument("--policy", default=DEFAULT_POLICY,
                     help="the rule or SGLang file to replay (default: %(default)s)")
+    ap.add_argument("--flashinfer", default=None, metavar="0.7.2|0.7.4",
+                    help="the FlashInfer A2A generation (default: the installed one, else 0.7.2)")
     ap.add_argument("--context", default="", metavar="'SGLangContext(...)'",
                     help="for sglang: policies, the step's context (default: eager decode)")
     args = ap.parse_args(argv)  # exits 2 on bad arguments
+    if args.flashinfer:
+        from .model import generations
+
+        try:
+            os.environ[generations.ENV] = generations.generation_of(args.flashinfer).version
+        except generations.UnknownGeneration as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return BAD_INPUT
     try:
         return replay(args.world, args.policy, args.context)
     except Exception:  # noqa: BLE001 - a bug in the gate, not in the input

@@ -2,7 +2,7 @@
 
     a2a-gate [PYTEST ARGS...]             run the whole suite (as ``pytest`` in a checkout of it)
     a2a-gate replay [--policy SPEC] [--context CTX] "World(...)"     one world, every check
-    a2a-gate fetch [sglang|vllm] [VERSION ...]   pre-fill the verified release cache
+    a2a-gate fetch [sglang|vllm|flashinfer] [VERSION ...]   pre-fill the verified release cache
     a2a-gate verdicts [--engine sglang|vllm|both] [SPEC ...]          the verdict tables
     a2a-gate bisect --good REV --bad REV [--repo PATH] [--engine sglang|vllm] [-- PYTEST ARGS]
 
@@ -63,18 +63,20 @@ def _replay(args: List[str]) -> int:
 
 
 def _fetch(args: List[str]) -> int:
-    engines = ("sglang", "vllm")
+    engines = ("sglang", "vllm", "flashinfer")
     chosen = [args[0]] if args and args[0] in engines else list(engines)
     versions = args[1:] if args and args[0] in engines else args
     if versions and len(chosen) > 1:
-        print("usage: a2a-gate fetch [sglang|vllm] [VERSION ...] (name the engine of the "
+        print("usage: a2a-gate fetch [sglang|vllm|flashinfer] [VERSION ...] (name the package of the "
               "versions)", file=sys.stderr)
         return 2
     from .wheels import fetch_main
 
     for engine in chosen:
         package = importlib.import_module(f"dispatcher.{engine}.fetch").PACKAGE
-        pinned = importlib.import_module(f"dispatcher.{engine}.verdicts").RELEASES
+        pinned = (importlib.import_module("dispatcher.flashinfer.fetch").PINNED
+                  if engine == "flashinfer"
+                  else importlib.import_module(f"dispatcher.{engine}.verdicts").RELEASES)
         code = fetch_main(package, pinned, ["fetch", *versions])
         if code:
             return code

@@ -5,6 +5,9 @@ hardware skips (loaded by the checkout's ``conftest.py``, or with ``-p dispatche
                            dispatcher/policies.py for the spec forms (sglang:VERSION|PATH too)
 --require-gpus             on a GPU runner: a skipped gpu/multi_gpu test is a failure
 --rule-budget-ms=MS        mean milliseconds a rule call may take (default 20)
+--flashinfer=0.7.2|0.7.4   the FlashInfer A2A generation the CPU tiers model and the engines'
+                           FlashInfer API (default: the installed FlashInfer, else 0.7.2); the
+                           GPU tiers run the installed one, so a different value there is an error
 HYPOTHESIS_PROFILE         dev (default) | ci | thorough | gpu | repro
 """
 from __future__ import annotations
@@ -72,6 +75,9 @@ def pytest_addoption(parser):
     group.addoption("--allow-missing-releases", action="store_true",
                     help="skip, rather than fail, the tests of a pinned SGLang/vLLM release "
                          "that cannot be had here (offline, no cache)")
+    group.addoption("--flashinfer", default=None, metavar="VERSION",
+                    help="FlashInfer A2A generation: 0.7.2 or 0.7.4 (default: the installed "
+                         "FlashInfer, else 0.7.2)")
     group.addoption("--rule-budget-ms", type=float, default=properties.RULE_BUDGET.seconds * 1e3,
                     metavar="MS", help="mean milliseconds one rule call may take "
                                        "(default: %(default)s)")
@@ -123,6 +129,32 @@ def pinned_releases(load_release):
     return lambda template: Releases(lambda v: load_release(template.format(v)))
 
 
+# The FlashInfer generation whose API every pinned SGLang and vLLM release calls (each loads on
+# it: tests/sglang/test_releases.py and tests/vllm/test_releases.py check it, docs/flashinfer.md).
+PINNED_RELEASES_GENERATION = "0.7.2"
+
+
+@pytest.fixture(autouse=True)
+def _engine_generation(request):
+    """Under ``engine_releases``: the pinned releases' history is a fact about the FlashInfer
+    they call, so it runs on that generation whatever ``--flashinfer`` says; the engine
+    under test (``--policy=sglang:...``/``vllm:...``) runs on the session's generation."""
+    mark = request.node.get_closest_marker("engine_releases")
+    if mark is None:
+        yield
+        return
+    engine = mark.args[0]
+    if mark.kwargs.get("under_test"):
+        policy_spec = request.config.getoption("--policy")
+        if engine_spec(policy_spec, request.config.stash.get(_POLICY, None), engine) == policy_spec:
+            yield
+            return
+    from dispatcher.model.generations import using
+
+    with using(PINNED_RELEASES_GENERATION):
+        yield
+
+
 @pytest.fixture(scope="session")
 def engine_under_test(policy, policy_spec, load_release):
     """``get(engine) -> (spec, release)``: what an engine's own tiers run (the ``--policy`` one
@@ -136,6 +168,9 @@ def engine_under_test(policy, policy_spec, load_release):
 
 
 MARKERS = {
+    "engine_releases": "engine_releases(engine, under_test=False): the test runs an engine's "
+                       "pinned releases, on the FlashInfer generation they call (0.7.2); with "
+                       "under_test=True, a --policy of that engine runs on the session's",
     "gpu": "runs FlashInfer's real A2A kernels, every EP rank in one process on one GPU",
     "multi_gpu": "one OS process per EP rank, NCCL (or gloo when ranks share a GPU); without "
                  "a GPU, gloo and the emulated A2A (not with --require-gpus)",
@@ -155,6 +190,7 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--rule-budget-ms must be a positive number of milliseconds, "
                                 f"got {budget}")
     properties.RULE_BUDGET.seconds = config.getoption("--rule-budget-ms") / 1e3
+    _choose_generation(config.getoption("--flashinfer"))
     try:
         if not hasattr(config, "workerinput"):  # once per run: the controller probes it
             probe_policy(config.getoption("--policy"))
@@ -166,13 +202,34 @@ def pytest_configure(config):
 _POLICY = pytest.StashKey[object]()
 
 
+def _choose_generation(asked) -> None:
+    """Set the session's FlashInfer generation (``$A2A_GATE_FLASHINFER``, which xdist workers
+    and rank processes inherit). The installed FlashInfer is what the GPU tiers run: asking
+    for another generation beside it is a usage error, never a silent mix."""
+    from dispatcher.model import generations
+
+    installed = generations.installed_version()
+    try:
+        chosen = generations.generation_of(asked or installed or generations.DEFAULT)
+        if asked and installed and generations.generation_of(installed) != chosen:
+            raise pytest.UsageError(
+                f"--flashinfer={asked} but FlashInfer {installed} is installed: the GPU tiers "
+                f"run the installed kernels; install flashinfer-python=={asked} or drop the option")
+    except generations.UnknownGeneration as exc:
+        raise pytest.UsageError(str(exc)) from None
+    os.environ[generations.ENV] = chosen.version
+
+
 def pytest_report_header(config):
     policy = config.stash.get(_POLICY, None)
     line = f"a2a-sizing-gate: policy {config.getoption('--policy')}"
     digest = getattr(policy, "sha256", None)
     if digest:
         line += f" ({policy.path}, sha256 {digest[:16]})"
-    return [line, f"hypothesis profile: {_PROFILE}; FlashInfer: {_flashinfer_version()}; "
+    from dispatcher.model.generations import active
+
+    return [line, f"hypothesis profile: {_PROFILE}; FlashInfer: {_flashinfer_version()} "
+                  f"(modelled: {active().version}); "
                   f"GPU tiers: {flashinfer_missing() or 'available'}"]
 
 

@@ -37,11 +37,12 @@ from typing import Dict, List
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 
+from ..model.generations import active, using
 from . import env
 
 __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",
-           "RemoteMismatch", "RemoteSizingError", "RemoteEngineError", "RemoteKernelFault",
-           "RemoteError"]
+           "RemoteMismatch", "RemoteSizingError", "RemoteEngineError", "RemoteRefused",
+           "RemoteKernelFault", "RemoteError"]
 
 GRACE_S = 5.0  # once one rank has failed, how long the others get to answer
 AGREE_TIMEOUT_S = 300.0  # a rank's wait for the others' values (the parent gives up sooner)
@@ -74,6 +75,12 @@ class RemoteMismatch(RankPoolError):
 
 class RemoteSizingError(RankPoolError):
     """The ranks' agreed validation refused the runtime (no kernel was launched)."""
+
+
+class RemoteRefused(RankPoolError):
+    """FlashInfer 0.7.4's dispatch op refused a rank's call (its own rows exceed its runtime);
+    the ranks it accepted would wait on it until ``timeout_sec`` and trap. The pool reports it
+    with the world and keeps every rank in step (none is left spinning)."""
 
 
 class RemoteKernelFault(RankPoolError):
@@ -154,15 +161,16 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
             return
         if msg is None:
             return
-        kind, *example = msg
+        kind, generation, *example = msg
         try:
-            if kind == "sglang":
-                result = _run_sglang_example(state, rank, ep_size, *example)
-            elif state["emulated"]:
-                result = _run_emulated_example(state, rank, ep_size, *example)
-            else:
-                result = _run_example(state, rank, ep_size, max_dispatch_bytes,
-                                      max_combine_bytes, *example)
+            with using(generation):  # the FlashInfer generation the parent's test models
+                if kind == "sglang":
+                    result = _run_sglang_example(state, rank, ep_size, *example)
+                elif state["emulated"]:
+                    result = _run_emulated_example(state, rank, ep_size, *example)
+                else:
+                    result = _run_example(state, rank, ep_size, max_dispatch_bytes,
+                                          max_combine_bytes, *example)
             conn.send(("ok", rank, result))
         except Exception as exc:  # noqa: BLE001 - reported to the parent with its type
             from ..model.validation import A2ASizingError
@@ -173,6 +181,11 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
                 continue
             if isinstance(exc, A2ASizingError):
                 conn.send(("sizing", rank, text))
+                continue
+            from ..emulator.a2a import RankRefused
+
+            if isinstance(exc, RankRefused):  # the emulated 0.7.4 op: nothing launched
+                conn.send(("refused", rank, text))
                 continue
             if kind == "sglang" and not state["example"].get("launched"):
                 conn.send(("engine", rank, text))  # raised before any collective or kernel
@@ -557,6 +570,8 @@ class RankPool:
             raise RemoteSizingError(f"rank {failed[0]}: {text}")
         if len(got) == self.ep_size and kinds == {"engine"}:  # all raised before any kernel
             raise RemoteEngineError(f"rank {failed[0]}: {text}")
+        if len(got) == self.ep_size and kinds <= {"refused", "ok"}:  # 0.7.4 refused, in step
+            raise RemoteRefused(f"{what}: rank {failed[0]}: {text}")
         cls = {"cuda": RemoteKernelFault, "error": RemoteError}.get(kind, RankCrashed)
         exc = cls(f"{what}: rank {failed[0]} failed ({kind}): {text}" + self._tail(failed[0]))
         exc.in_step = len(got) == self.ep_size and "cuda" not in kinds  # every rank answered
@@ -590,11 +605,12 @@ class RankPool:
         if world.ep_size != self.ep_size:
             raise ValueError(f"pool has {self.ep_size} ranks, world needs {world.ep_size}")
         try:
-            message = ForkingPickler.dumps((kind, world, spec, bypass, *extra))  # once for all
+            message = ForkingPickler.dumps((kind, active().version, world, spec, bypass,
+                                            *extra))  # once for all
             for conn in self._conns:  # a few KiB into an idle pipe: never blocks
                 conn.send_bytes(message)
             return self._collect(self.timeout, "example")
-        except (RemoteSizingError, RemoteEngineError):
+        except (RemoteSizingError, RemoteEngineError, RemoteRefused):
             raise  # every rank refused together, before any kernel: they are still in step
         except RemoteError as exc:
             if getattr(exc, "in_step", False):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..model.sglang_context import SGLangContext
+from ..model.generations import replay_flag
 from ..model.workspace import workspace_size_per_rank
 from ..model.world import World
 from ..sizing import NotApplicable
@@ -77,7 +78,7 @@ def describe_step(release: SGLangRelease, world: World, ctx: SGLangContext,
     return (f"world:\n{world.describe()}\n  context: {ctx!r}\n"
             f"  what SGLang {release.label} saw and did:\n{describe_outcomes(outs, world)}\n"
             f"{describe_sources(release)}\n"
-            f"replay: python -m dispatcher --policy {shlex.quote(release.spec)} "
+            f"replay: python -m dispatcher{replay_flag()} --policy {shlex.quote(release.spec)} "
             f"--context \"{ctx!r}\" \"{world!r}\"")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 from unittest import mock
 
+from ..model.generations import active
 from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
@@ -97,7 +98,7 @@ class SGLangRelease:
 
     path: Path
     label: str
-    module: types.ModuleType
+    loaded: Dict[str, types.ModuleType]  # FlashInfer generation -> the file executed against it
     sha256: str
     hooks: Hooks = Hooks()
     flashinfer: str = "recorder"  # or "real" / "emulated" MoeAlltoAll (the rank pools)
@@ -110,6 +111,15 @@ class SGLangRelease:
     @property
     def spec(self) -> str:
         return f"sglang:{self.label}"
+
+    @property
+    def module(self) -> types.ModuleType:
+        """The file as executed against the FlashInfer generation modelled now (its imports of
+        ``flashinfer.comm`` differ by generation), executed once per generation."""
+        version = active().version
+        if version not in self.loaded:
+            self.loaded[version] = _exec(self.path, self.sha256, self.flashinfer, version)
+        return self.loaded[version]
 
     def __repr__(self):
         return self.spec
@@ -159,7 +169,7 @@ class SGLangRelease:
         moe = world.moe
         key = (world.ep_size, rank, moe.hidden_size, moe.top_k, moe.num_experts, moe.payload,
                ctx.speculative, world.max_num_tokens, world.dp_size, ctx.sp_prefill_a2a,
-               ctx.cap_from_env, ctx.chunked_prefill_size)
+               ctx.cap_from_env, ctx.chunked_prefill_size, active().version)
         if key in self._instances:
             self._instances.move_to_end(key)
         else:
@@ -329,8 +339,7 @@ def load_release(path, label: Optional[str] = None, flashinfer: str = "recorder"
     digest = fetch.sha256(path)
     if (digest, flashinfer) in _LOADED:
         return _LOADED[digest, flashinfer]
-    name = f"_a2a_gate_sglang_{digest[:16]}_{flashinfer}"
-    module = exec_engine_file(path, name, _sandbox(flashinfer), "sglang")
+    module = _exec(path, digest, flashinfer, active().version)
     if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
         raise fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
                                  f"not SGLang's token_dispatcher/flashinfer.py")
@@ -340,9 +349,15 @@ def load_release(path, label: Optional[str] = None, flashinfer: str = "recorder"
                                          "require_mlp_tp_gather"),
         a2a_cap=_companion(fetch.companion_file(path, fetch.OVERRIDES),
                            "flashinfer_a2a_max_dispatch_tokens_per_rank"))
-    release = SGLangRelease(path, label or str(path), module, digest, hooks, flashinfer)
+    release = SGLangRelease(path, label or str(path), {active().version: module}, digest, hooks,
+                            flashinfer)
     _LOADED[digest, flashinfer] = release
     return release
+
+
+def _exec(path: Path, digest: str, flashinfer: str, version: str) -> types.ModuleType:
+    name = f"_a2a_gate_sglang_{digest[:16]}_{flashinfer}_{version.replace('.', '_')}"
+    return exec_engine_file(path, name, _sandbox(flashinfer), "sglang")
 
 
 def release_from_spec(target: str, flashinfer: str = "recorder") -> SGLangRelease:

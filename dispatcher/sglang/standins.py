@@ -347,27 +347,39 @@ class LaunchRecord:
 
 
 class MoeAlltoAll:
-    """Records what SGLang constructs and passes, and stops dispatch() at the launch."""
+    """Records what SGLang constructs and passes, and stops dispatch() at the launch. Every call
+    is bound to the signature the FlashInfer generation under test has (read from its source:
+    ``dispatcher/flashinfer/api.py``), so a call that release would refuse raises its TypeError."""
 
-    def __init__(self, mapping=None, max_num_tokens=None, top_k=None, num_experts=None,
-                 workspace_size_per_rank=None, mnnvl_config=None, **_k):
-        self.max_num_tokens = max_num_tokens
-        self.workspace_size_per_rank = workspace_size_per_rank
-        self.num_experts = num_experts
+    def __init__(self, *args, **kwargs):
+        a = _api().bind("MoeAlltoAll.__init__", *args, **kwargs).arguments
+        self.max_num_tokens = a["max_num_tokens"]
+        self.workspace_size_per_rank = a.get("workspace_size_per_rank")
+        self.num_experts = a["num_experts"]
 
-    def dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
-                 invalid_token_expert_id=None, expert_id_payload_index=None, **_k):
+    def dispatch(self, *args, **kwargs):
+        a = _api().bind("MoeAlltoAll.dispatch", *args, **kwargs).arguments
+        input_payloads = a["input_payloads"]
         rows = input_payloads[0].shape[0] if input_payloads else 0
         size = (sum(p.numel() * p.element_size() for p in input_payloads) // rows) if rows else None
-        raise Launched(LaunchRecord(runtime_max_tokens_per_rank, self.max_num_tokens,
-                                    self.workspace_size_per_rank, invalid_token_expert_id,
+        raise Launched(LaunchRecord(a["runtime_max_tokens_per_rank"], self.max_num_tokens,
+                                    self.workspace_size_per_rank, a["invalid_token_expert_id"],
                                     self.num_experts, size))
 
 
-def moe_a2a_get_workspace_size_per_rank(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
-                                        combine_payload_size_per_token, *a, **k):
-    return workspace_size_per_rank(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
-                                   combine_payload_size_per_token)
+def moe_a2a_get_workspace_size_per_rank(*args, **kwargs):
+    a = _api().bind("moe_a2a_get_workspace_size_per_rank", *args, **kwargs).arguments
+    return workspace_size_per_rank(a["ep_size"], a["max_num_tokens"],
+                                   a["total_dispatch_payload_size_per_token"],
+                                   a["combine_payload_size_per_token"])
+
+
+def _api():
+    """The API of the FlashInfer generation this session models."""
+    from ..flashinfer.api import api
+    from ..model.generations import active
+
+    return api(active().version)
 
 
 class _Record:
@@ -500,14 +512,37 @@ def _torch_distributed_comm_backend():
     return TorchDistributedCommBackend
 
 
-@functools.lru_cache(maxsize=None)
+class FlashInferStandIn(StandIn):
+    """A FlashInfer module of the generation under test: a name that release does not bind
+    fails the import as Python would (``cannot import name ...``)."""
+
+    version = ""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ImportError(f"cannot import name {name!r} from {self.__name__!r} (FlashInfer "
+                          f"{self.version} has no such name)", name=self.__name__)
+
+
 def stand_in_modules(flashinfer: str = "recorder") -> Dict[str, types.ModuleType]:
     """Every module SGLang's dispatcher file imports, as stand-ins (for ``sys.modules``).
     ``flashinfer``: "recorder" (``MoeAlltoAll`` records and stops at the launch); "emulated"
     (the CPU rank pool: ``gpu.emulated.EmulatedMoeAlltoAll``, the exact model over gloo);
     "real" (FlashInfer's own modules answer, and SGLang's comm backend runs over
-    torch.distributed)."""
+    torch.distributed). FlashInfer's modules offer the names of the generation under test."""
+    from ..model.generations import active
+
+    return _stand_in_modules(flashinfer, active().version)
+
+
+@functools.lru_cache(maxsize=None)
+def _stand_in_modules(flashinfer: str, version: str) -> Dict[str, types.ModuleType]:
+    from ..flashinfer.api import api
+
     table = _table()
+    names = api(version).comm_names  # what this release's flashinfer.comm binds
+    table["flashinfer.comm"] = {n: a for n, a in table["flashinfer.comm"].items() if n in names}
     if flashinfer == "real":
         table = {n: a for n, a in table.items() if n != "flashinfer" and not n.startswith("flashinfer.")}
         table["sglang.srt.layers.moe.token_dispatcher.flashinfer_utils"] = {
@@ -515,12 +550,15 @@ def stand_in_modules(flashinfer: str = "recorder") -> Dict[str, types.ModuleType
     elif flashinfer == "emulated":
         from ..gpu.emulated import EmulatedMoeAlltoAll
 
-        table["flashinfer.comm"] = dict(table["flashinfer.comm"], MoeAlltoAll=EmulatedMoeAlltoAll)
+        if "MoeAlltoAll" in table["flashinfer.comm"]:
+            table["flashinfer.comm"] = dict(table["flashinfer.comm"],
+                                            MoeAlltoAll=EmulatedMoeAlltoAll)
     elif flashinfer != "recorder":
         raise ValueError(f"flashinfer={flashinfer!r}: recorder, emulated or real")
     mods = {}
     for name, attrs in table.items():
-        m = StandIn(name)
+        m = FlashInferStandIn(name) if name.split(".")[0] == "flashinfer" else StandIn(name)
+        m.version = version
         m.__dict__.update(attrs)
         m.__path__ = []  # a package, so submodule imports resolve through sys.modules
         mods[name] = m

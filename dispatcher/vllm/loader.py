@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional
 from unittest import mock
 
 from ..model.vllm_world import as_vllm_world, not_producible
+from ..model.generations import active
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from ..wheels import ReleaseError, companion_function, exec_engine_file, reentrant, sha256
@@ -91,7 +92,7 @@ class VLLMRelease:
 
     path: Path
     label: str
-    module: object
+    loaded: Dict[str, object]  # FlashInfer generation -> the file executed against it
     sha256: str
     side: str
     compute_sp: Callable = compute_sp_fallback
@@ -102,6 +103,15 @@ class VLLMRelease:
     @property
     def spec(self) -> str:
         return f"vllm:{self.label}" + ("@two-sided" if self.side == "two-sided" else "")
+
+    @property
+    def module(self):
+        """The file as executed against the FlashInfer generation modelled now (its imports of
+        ``flashinfer.comm`` differ by generation), executed once per generation."""
+        version = active().version
+        if version not in self.loaded:
+            self.loaded[version] = _exec(self.path, self.sha256, version)
+        return self.loaded[version]
 
     def __repr__(self):
         return self.spec
@@ -148,7 +158,7 @@ class VLLMRelease:
         initialises the rank's all-to-all manager, kept with it and set on ``state``)."""
         moe = world.moe
         key = (world.ep_size, world.dp_size, rank, moe.hidden_size, moe.top_k, moe.num_experts,
-               moe.payload, world.max_num_tokens)
+               moe.payload, world.max_num_tokens, active().version)
         if key in self._instances:
             self._instances.move_to_end(key)
             layer, state.manager = self._instances[key]
@@ -300,6 +310,11 @@ def _ranges(ranks: List[int]) -> str:
 _LOADED: Dict[str, VLLMRelease] = {}
 
 
+def _exec(path: Path, digest: str, version: str):
+    name = f"_a2a_gate_vllm_{digest[:16]}_{version.replace('.', '_')}"
+    return exec_engine_file(path, name, _sandbox(), "vllm")
+
+
 def load_release(path, label: Optional[str] = None) -> VLLMRelease:
     """Load one vLLM prepare/finalize file (once per content hash per process)."""
     path = Path(path).resolve()
@@ -309,7 +324,7 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
     digest = sha256(path)
     if digest in _LOADED:
         return _LOADED[digest]
-    module = exec_engine_file(path, f"_a2a_gate_vllm_{digest[:16]}", _sandbox(), "vllm")
+    module = _exec(path, digest, active().version)
     side = next((s for s, cls in SIDES.items() if isinstance(getattr(module, cls, None), type)), None)
     if side is None:
         raise ReleaseError(f"vllm:{path} defines neither {' nor '.join(SIDES.values())}: it is "
@@ -322,7 +337,7 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
 
     split = (companion_function(forward_context, "_compute_sp_num_tokens", {"torch": torch})
              if forward_context else None)
-    release = VLLMRelease(path, label or str(path), module, digest, side,
+    release = VLLMRelease(path, label or str(path), {active().version: module}, digest, side,
                           split or compute_sp_fallback)
     _LOADED[digest] = release
     return release

@@ -80,23 +80,28 @@ class _MoeAlltoAll:
     def __init__(self, manager):
         self._m = manager
 
-    def dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
-                 *a, **k):
-        raise Launched(Launch(runtime_max_tokens_per_rank, self._m.max_num_tokens,
-                              _payload_bytes(input_payloads), "MoeAlltoAll.dispatch"))
+    def dispatch(self, *args, **kwargs):
+        a = _api().bind("MoeAlltoAll.dispatch", *args, **kwargs).arguments
+        raise Launched(Launch(a["runtime_max_tokens_per_rank"], self._m.max_num_tokens,
+                              _payload_bytes(a["input_payloads"]), "MoeAlltoAll.dispatch"))
 
 
 class _Communication:
-    """``flashinfer.moe_ep``'s ``NVLinkOneSidedAlltoAll`` (0.33): ``max_tokens_per_rank=None``
-    runs with the cap, as the wrapper does."""
+    """``flashinfer.moe_ep``'s ``NVLinkOneSidedAlltoAll`` (0.33): a runtime of ``None`` runs
+    with the cap, as the class does. The call is bound to the generation's own signature (0.7.2:
+    ``max_tokens_per_rank=``, 0.7.4: ``runtime_max_tokens_per_rank=``), so a keyword the
+    release does not take raises its TypeError."""
 
     def __init__(self, manager):
         self._m = manager
 
-    def dispatch(self, hidden_states, topk_ids, topk_weights=None, *, hidden_states_scale=None,
-                 max_tokens_per_rank=None, **_k):
-        payloads = [t for t in (hidden_states, hidden_states_scale, topk_ids, topk_weights)
-                    if t is not None]
+    def dispatch(self, *args, **kwargs):
+        flashinfer = _api()
+        entry = "NVLinkOneSidedAlltoAll.dispatch"
+        a = flashinfer.bind(entry, *args, **kwargs).arguments
+        payloads = [a[n] for n in ("hidden_states", "hidden_states_scale", "topk_ids",
+                                   "topk_weights") if a.get(n) is not None]
+        max_tokens_per_rank = a[flashinfer.runtime_keyword(entry)]
         runtime = self._m.max_num_tokens if max_tokens_per_rank is None else max_tokens_per_rank
         raise Launched(Launch(runtime, self._m.max_num_tokens, _payload_bytes(payloads),
                               "moe_ep NVLinkOneSidedAlltoAll.dispatch"))
@@ -121,6 +126,10 @@ class OneSidedManager(All2AllManagerBase):
 
     @property
     def moe_alltoall(self):
+        # vLLM's all2all.py builds it with ``from flashinfer.comm import MoeAlltoAll``
+        if "MoeAlltoAll" not in _api().comm_names:
+            raise ImportError(f"cannot import name 'MoeAlltoAll' from 'flashinfer.comm' "
+                              f"(FlashInfer {_api().version} has no such name)")
         return _MoeAlltoAll(self)
 
     def get_communication(self):
@@ -218,11 +227,32 @@ def _table() -> Dict[str, Dict[str, object]]:
     }
 
 
-@functools.lru_cache(maxsize=None)
+def _api():
+    """The API of the FlashInfer generation this session models (read from its source)."""
+    from ..flashinfer.api import api
+    from ..model.generations import active
+
+    return api(active().version)
+
+
 def stand_in_modules() -> Dict[str, types.ModuleType]:
-    """Every module vLLM's prepare/finalize file imports, as stand-ins (for ``sys.modules``)."""
+    """Every module vLLM's prepare/finalize file imports, as stand-ins (for ``sys.modules``);
+    FlashInfer's modules are those the generation under test has."""
+    from ..model.generations import active
+
+    return _stand_in_modules(active().version)
+
+
+@functools.lru_cache(maxsize=None)
+def _stand_in_modules(version: str) -> Dict[str, types.ModuleType]:
+    from ..flashinfer.api import api
+
+    table = _table()
+    for name in ("flashinfer.comm.trtllm_alltoall",):
+        if name not in api(version).modules:  # gone in 0.7.4: the import fails as it would
+            del table[name]
     mods = {}
-    for name, attrs in _table().items():
+    for name, attrs in table.items():
         m = StandIn(name)
         m.adapter = "vllm"
         m.__dict__.update(attrs)

@@ -19,6 +19,7 @@ from dispatcher.model.properties import RuleBudget, RuleCrashed, SlowRule
 from dispatcher.model.world import World
 from dispatcher.policies import PolicyError, load_policy
 from dispatcher.sglang import fetch
+from dispatcher.model.generations import replay_flag  # noqa: E402
 
 WORLD = World(ep_size=4, dp_size=2, group_tokens=(5, 2), max_num_tokens=8)
 
@@ -80,7 +81,7 @@ def test_a_large_valid_world_replays_in_bounded_memory_and_time():
 def test_a_rule_returning_a_non_int_fails_every_property_with_a_replay_line(value):
     with pytest.raises(RuleCrashed, match=r"\[int\]") as info:
         properties.rule_values(lambda view: value, WORLD, "mypkg:rule")
-    assert "replay: python -m dispatcher --policy mypkg:rule" in str(info.value)
+    assert f"replay: python -m dispatcher{replay_flag()} --policy mypkg:rule" in str(info.value)
 
 
 def test_a_nondeterministic_rule_is_named_as_such_not_as_rank_variance():

@@ -14,8 +14,9 @@ from dispatcher.sglang.verdicts import RELEASES
 
 from .. import SOURCE
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                reason="SGLang's file needs torch")
+pytestmark = [pytest.mark.engine_releases("sglang"),  # SGLang's history: on 0.7.2
+              pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="SGLang's file needs torch")]
 MUTATION = ("max_dp_tokens = max(dp_global_num_tokens)", "max_dp_tokens = min(dp_global_num_tokens)")
 
 

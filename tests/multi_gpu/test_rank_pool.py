@@ -31,12 +31,16 @@ def test_pool_round_trip(ep_size, pools, policy, policy_spec):
 
 @on_pool(2, "shared")
 def test_undersized_caught_through_real_kernels(pools):
-    from dispatcher.gpu.rank_pool import RemoteMismatch
+    """0.7.2 takes the undersized runtime and corrupts the output (caught by the compare);
+    0.7.4 refuses it on the short ranks, reported in step (no rank left spinning)."""
+    from dispatcher.gpu.rank_pool import RemoteMismatch, RemoteRefused
+    from dispatcher.model.generations import active
 
     pool = pools(2)
     world = World(ep_size=2, dp_size=2, group_tokens=(9, 9), max_num_tokens=64,
                   moe=MoeConfig(hidden_size=128, top_k=8, num_experts=8, routing="hot_rank"))
-    with pytest.raises(RemoteMismatch):
+    expected = RemoteRefused if active().checks_local_rows else RemoteMismatch
+    with pytest.raises(expected):
         pool.run(world, "dispatcher.mutants:undersized", bypass=True)
     pool.run(world, "dispatcher.sizing:ideal_rule")  # the pool is still healthy
 

@@ -19,7 +19,7 @@ from strategies import GPU_SHAPES, sglang_pool_worlds
 
 from .conftest import ep_sizes, on_pool, search
 
-pytestmark = pytest.mark.multi_gpu
+pytestmark = [pytest.mark.multi_gpu, pytest.mark.engine_releases("sglang", under_test=True)]
 
 
 @pytest.fixture(scope="session")

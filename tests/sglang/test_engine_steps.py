@@ -13,6 +13,8 @@ from hypothesis import event, given, reject  # noqa: E402
 from dispatcher.sglang.classes import BUG_CLASSES, BUGS, check_step, describe_step  # noqa: E402
 from strategies import sglang_steps  # noqa: E402
 
+pytestmark = pytest.mark.engine_releases("sglang", under_test=True)
+
 
 @pytest.fixture(scope="session")
 def engine(engine_under_test):

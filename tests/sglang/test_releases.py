@@ -20,6 +20,8 @@ from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
 from strategies import sglang_steps, worlds  # noqa: E402
 from strategies.search import first_in, minimal, visited  # noqa: E402
 
+pytestmark = pytest.mark.engine_releases("sglang")
+
 # release -> the bug classes it ships (docs/sglang.md, first table)
 EXPECTED_CLASSES = {
     "0.5.10": {"sp-prescatter", "constructed-cap", "collapsed-dp-global", "cuda-graph-buckets",

@@ -13,6 +13,8 @@ from strategies import vllm_worlds  # noqa: E402
 
 from .test_releases import EXPECTED  # noqa: E402
 
+pytestmark = pytest.mark.engine_releases("vllm", under_test=True)
+
 
 @pytest.fixture(scope="session")
 def engine(engine_under_test):

@@ -16,6 +16,8 @@ from strategies import vllm_worlds  # noqa: E402
 from strategies.search import first_in, visited  # noqa: E402
 from strategies.vllm import VLLM_REGIMES  # noqa: E402
 
+pytestmark = pytest.mark.engine_releases("vllm")
+
 # release -> the regimes where its one-sided prepare() breaks a property (docs/vllm.md)
 EXPECTED = {
     "0.18.0": {"any", "pcp"}, "0.20.0": {"any", "pcp"}, "0.24.0": {"any", "pcp"},

@@ -1,0 +1,29 @@
+"""The engine x FlashInfer table in docs/flashinfer.md is what the code says today: every pinned
+release's own file, run on each generation's API as its source defines it."""
+import pytest
+
+from .. import SOURCE
+
+pytest.importorskip("torch", reason="the engines' files need torch")
+
+
+@pytest.mark.xdist_group("flashinfer-compat")
+def test_docs_table_is_the_measured_one():
+    from dispatcher.flashinfer_compat import markdown, table
+
+    docs = SOURCE / "docs" / "flashinfer.md"
+    if not docs.is_file():  # the installed suite carries no docs
+        pytest.skip("docs/ is not shipped in the wheel")
+    measured = markdown(table())
+    assert measured in docs.read_text(), (
+        "docs/flashinfer.md's engine x FlashInfer table is stale; regenerate it with "
+        "python -m dispatcher.flashinfer_compat\n" + measured)
+
+
+def test_the_newest_releases_fail_on_074_with_their_own_errors():
+    from dispatcher.flashinfer_compat import cell
+
+    assert cell("vllm:0.33.0", "0.7.4") == ("TypeError: NVLinkOneSidedAlltoAll.dispatch() got an "
+                                            "unexpected keyword argument 'max_tokens_per_rank'.")
+    assert cell("sglang:0.5.23", "0.7.4").startswith("ImportError: Flashinfer is not installed")
+    assert cell("vllm:0.33.0", "0.7.2") == cell("sglang:0.5.23", "0.7.2") == "runs"
