@@ -89,10 +89,19 @@ def validate(values: Sequence[int], views: Sequence[RankView]) -> int:
     if short:
         raise PayloadExceedsRuntime(
             f"runtime_max_tokens_per_rank={runtime} is smaller than the payload rows "
-            f"(x.shape[0]) of ranks {_ranks(short)} (largest {biggest}); FlashInfer would "
-            f"silently write past those ranks' slots. Size from post-scatter rows: "
-            f"ceil(max(dp_global) / attn_tp_size).")
+            f"(x.shape[0]) of ranks {_ranks(short)} (largest {biggest}); {_undersized_effect()} "
+            f"Size from post-scatter rows: ceil(max(dp_global) / attn_tp_size).")
     return runtime
+
+
+def _undersized_effect() -> str:
+    """What the FlashInfer generation under test does with a runtime below a rank's rows."""
+    from .generations import active
+
+    if active().checks_local_rows:
+        return (f"{active()} would refuse those ranks while their peers wait for them until "
+                f"timeout_sec and trap.")
+    return "FlashInfer would silently write past those ranks' slots."
 
 
 def plan(policy: Policy, views: Sequence[RankView]) -> int:
