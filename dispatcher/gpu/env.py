@@ -65,12 +65,13 @@ def flashinfer_missing() -> str:
         return "needs a GPU, found none (NVML / nvidia-smi)"
     if importlib.util.find_spec("flashinfer") is None:
         return "flashinfer is not installed (pip install -e '.[gpu]')"
-    from ..model.generations import installed_version
+    from ..model.generations import UnknownGeneration, generation_of, installed_version
 
     version = installed_version() or ""
-    if version and not version.startswith("0.7.2"):
-        return (f"FlashInfer {version} is installed: the GPU tiers drive 0.7.2's A2A API only "
-                f"so far (docs/flashinfer.md); the CPU tiers model it with --flashinfer")
+    try:
+        generation_of(version or "0.7.2")
+    except UnknownGeneration as exc:
+        return f"{exc}: the GPU tiers drive 0.7.2 and 0.7.4 (docs/flashinfer.md)"
     return ""
 
 

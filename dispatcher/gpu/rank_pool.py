@@ -168,6 +168,8 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
                     result = _run_sglang_example(state, rank, ep_size, *example)
                 elif state["emulated"]:
                     result = _run_emulated_example(state, rank, ep_size, *example)
+                elif state["generation"] == "0.7.4":
+                    result = _run_example_074(state, rank, ep_size, *example)
                 else:
                     result = _run_example(state, rank, ep_size, max_dispatch_bytes,
                                           max_combine_bytes, *example)
@@ -184,7 +186,7 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
                 continue
             from ..emulator.a2a import RankRefused
 
-            if isinstance(exc, RankRefused):  # the emulated 0.7.4 op: nothing launched
+            if isinstance(exc, (RankRefused, RankRefused074)):  # 0.7.4: nothing launched
                 conn.send(("refused", rank, text))
                 continue
             if kind == "sglang" and not state["example"].get("launched"):
@@ -219,8 +221,9 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
         phase("process group", t)
         return {"backend": "gloo, emulated A2A", "cpu": dist.group.WORLD, "index": None,
                 "a2as": {}, "policies": {}, "engines": {}, "example": {}, "emulated": True}
-    from .flashinfer import metainfo_index
+    from ..model.generations import generation_of, installed_version
 
+    installed = generation_of(installed_version() or "0.7.2").version
     torch.cuda.set_device(rank % n_gpus)
     torch.cuda.init()
     t = phase("cuda", t)
@@ -230,10 +233,15 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
                             device_id=torch.device("cuda", rank % n_gpus) if backend == "nccl" else None)
     cpu = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     t = phase("process group", t)
+    if installed == "0.7.4":
+        from .single_074 import layout_index as metainfo_index
+    else:
+        from .flashinfer import metainfo_index
     index = metainfo_index()
     phase("flashinfer", t)
     return {"backend": backend, "cpu": cpu, "index": index, "a2as": {},
-            "policies": {}, "engines": {}, "example": {}, "emulated": False}
+            "policies": {}, "engines": {}, "example": {}, "emulated": False,
+            "generation": installed}
 
 
 def _agree(state, value, key: int = 0) -> list:
@@ -325,6 +333,163 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
                          host_counts.view(np.int32), expected, host_out, reference)
 
 
+def _run_example_074(state, rank, ep_size, world, spec, bypass) -> List[str]:
+    """``_run_example`` on FlashInfer 0.7.4: each rank's ``NVLinkOneSidedAlltoAll`` (one per
+    cap and MoE shape: 0.7.4 bakes top_k and the payload bytes into the layout), built over the
+    pool's process group as an engine builds it, fence path, a short ``timeout_sec``. A call
+    0.7.4 refuses (a rank's rows over its runtime) is agreed on before any launch: the refused
+    rank makes the call, FlashInfer refuses it, and no peer launches (none is left spinning)."""
+    import zlib
+
+    import numpy as np
+    import torch
+    from flashinfer.moe_ep import (BootstrapConfig, MoEEpCommParams, NVLinkOneSidedAlltoAll,
+                                   NVLinkOneSidedConfig)
+
+    from ..emulator.a2a import POISON, expected_recv_counts
+    from ..emulator.inputs import make_inputs, reference_outputs
+    from ..model.properties import for_world
+    from ..model.validation import require_int, validate
+    from ..policies import load_policy
+    from . import torch_ops
+    from .checks import poisoned_rows, rank_problems, stale_rows_ok
+    from .single_074 import INVALID_EXPERT_ID, TIMEOUT_S
+
+    policies, a2as = state["policies"], state["a2as"]
+    if spec not in policies:
+        policies[spec] = load_policy(spec)[1]
+    view = world.rank_view(rank)
+    mine = for_world(policies[spec], world)(view) if not isinstance(bypass, list) else bypass[rank]
+    moe, cap = world.moe, world.max_num_tokens
+    shape = (cap, moe.top_k, moe.hidden_size, moe.payload, moe.num_experts)
+    known = shape in a2as
+    idx = state["index"]
+    if known:  # poisoned before the agreement, which is also the barrier (as in _run_example)
+        a2a = a2as[shape]["a2a"]
+        for name in ("DISPATCH_PAYLOAD", "COMBINE_INPUT"):
+            at = int(a2a.metainfo[idx[f"{name}_OFFSET_INDEX"]])
+            a2a.workspace[rank][at:at + int(a2a.metainfo[idx[f"{name}_SIZE_INDEX"]])].fill_(POISON)
+        torch.cuda.synchronize()
+    key = zlib.crc32(repr(world).encode()) << 1 | known
+    values = _agree(state, mine, key)
+    if bypass is False:
+        validate(values, world.views)  # the same verdict on every rank
+    runtime = require_int(values[rank])
+    if not known:  # collective: every rank builds the same shape's object together
+        params = MoEEpCommParams(num_experts=moe.num_experts, top_k=moe.top_k,
+                                 max_tokens_per_rank=cap, hidden_size=moe.hidden_size,
+                                 dtype=torch.bfloat16, invalid_expert_id=INVALID_EXPERT_ID)
+        if state.get("a2a_path") != "shared workspace":
+            try:  # the class an engine builds (its platform check is collective: all or none)
+                a2a = NVLinkOneSidedAlltoAll(
+                    BootstrapConfig(world_size=ep_size, rank=rank,
+                                    device=torch.cuda.current_device()),
+                    params, NVLinkOneSidedConfig(timeout_sec=TIMEOUT_S, cft=False, lamport=False))
+                state["a2a_path"] = "NVLinkOneSidedAlltoAll"
+            except RuntimeError as exc:
+                if "NVLink backends are not supported" not in str(exc):
+                    raise
+                state["a2a_path"] = "shared workspace"  # one GPU, no P2P NVLink: its raw ops
+                print(f"[rank {rank}] NVLinkOneSidedAlltoAll refused this host ({exc}); its "
+                      f"raw ops run on one CUDA-IPC-shared workspace instead", file=sys.stderr)
+        if state["a2a_path"] == "shared workspace":
+            a2a = _shared_workspace_074(state, rank, ep_size, moe, cap)
+        a2as[shape] = {"a2a": a2a}
+        for name in ("DISPATCH_PAYLOAD", "COMBINE_INPUT"):
+            at = int(a2a.metainfo[idx[f"{name}_OFFSET_INDEX"]])
+            a2a.workspace[rank][at:at + int(a2a.metainfo[idx[f"{name}_SIZE_INDEX"]])].fill_(POISON)
+        torch.cuda.synchronize()
+        _agree(state, None)  # a barrier: nobody writes into a peer before it is poisoned
+    entry = a2as[shape]
+    a2a = entry["a2a"]
+    inputs = make_inputs(world)
+    inp = inputs[rank]
+    ids, *rows = torch_ops.to_torch_rows([inp.expert_ids, *inp.payload_rows], "cuda")
+    payloads = [torch_ops.typed(t, sp.name) for t, sp in zip(rows, moe.payloads)]
+    hidden, scale = payloads[0], (payloads[1] if len(payloads) == 4 else None)
+    refused = [r for r in range(ep_size) if world.rows_per_rank[r] > values[r]]
+    if refused:  # only the refused ranks call: FlashInfer refuses them before any launch
+        if rank in refused:
+            try:
+                a2a.dispatch(hidden, ids.view(torch.int32), payloads[-1],
+                             hidden_states_scale=scale, runtime_max_tokens_per_rank=runtime)
+            except Exception as exc:  # noqa: BLE001 - TVM-FFI raises its own error types
+                raise RankRefused074(rank, world.rows_per_rank[rank], runtime, exc) from None
+            raise AssertionError(f"FlashInfer 0.7.4 launched rank {rank} with "
+                                 f"{world.rows_per_rank[rank]} rows and runtime {runtime}")
+        raise RankRefused074(refused[0], world.rows_per_rank[refused[0]], values[refused[0]],
+                             "refused on its own rank; this rank launched nothing")
+    res = a2a.dispatch(hidden, ids.view(torch.int32), payloads[-1], hidden_states_scale=scale,
+                       runtime_max_tokens_per_rank=runtime)
+    counts = _round_counts_074(a2a.workspace[rank], a2a.metainfo, idx, ep_size)
+    planes = [res.hidden_states] + ([res.hidden_states_scale] if scale is not None else [])
+    recv = [p.view(ep_size, runtime, -1) for p in planes + [res.topk_ids, res.topk_weights]]
+    y = torch_ops.expert_outputs(recv, runtime, moe, rank, ep_size)
+    out = a2a.combine(y)
+    # the fence path sanitizes the expert ids of padding rows (-1): the other planes stay poison
+    poisoned = poisoned_rows([p for i, p in enumerate(recv) if i != len(planes)])
+    expected = expected_recv_counts(world, inputs)[rank]
+    reference = reference_outputs(world, [inp])[0]
+    host_counts, host_poisoned, host_out = torch_ops.read_back([counts, poisoned, out])
+    return rank_problems(rank, bool(stale_rows_ok(host_poisoned, expected, runtime)), runtime,
+                         host_counts.view(np.int32), expected, host_out, reference)
+
+
+def _round_counts_074(rank_bytes, metainfo, idx, ep_size):
+    """This round's receive counts (int32 [W] as bytes, on the device): 0.7.4 keeps two banks
+    and the round's is picked by ``flag_val`` as the kernel picks it (never a count of our own,
+    which a refused call would put out of step)."""
+    import torch
+
+    fv = int(metainfo[idx["FLAG_VAL_OFFSET_INDEX"]])
+    rc = int(metainfo[idx["RECV_COUNTERS_OFFSET_INDEX"]])
+    flag = rank_bytes[fv:fv + 4].view(torch.int32).long()
+    bank = ((flag - 1) >> 1) & 1
+    banks = rank_bytes[rc:rc + 8 * ep_size].view(torch.int32).view(2, ep_size)
+    return banks.index_select(0, bank).reshape(-1).contiguous().view(torch.uint8)
+
+
+def _shared_workspace_074(state, rank, ep_size, moe, cap):
+    """0.7.4's raw ops on one workspace allocated by rank 0 and mapped into every rank by CUDA
+    IPC (all ranks on one GPU), laid out and initialised as NVLinkOneSidedAlltoAll does
+    (collective: every rank calls it for the same shape)."""
+    import torch
+    import torch.distributed as dist
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    from .single import GUARD, GUARD_BYTE
+    from .single_074 import RawA2A074, flashinfer_layout, layout_index, module
+
+    meta = flashinfer_layout(ep_size, cap, moe.top_k, moe.dispatch_bytes, moe.combine_bytes)
+    size = int(meta[layout_index()["WORKSPACE_SIZE_INDEX"]])
+    box = [None]
+    if rank == 0:
+        full = torch.empty((ep_size, size + GUARD), dtype=torch.uint8, device="cuda")
+        full[:, size:] = GUARD_BYTE
+        torch.cuda.synchronize()
+        box = [pickle.dumps(reduce_tensor(full))]
+    dist.broadcast_object_list(box, src=0, group=state["cpu"])
+    if rank != 0:
+        rebuild, args = pickle.loads(box[0])
+        full = rebuild(*args)
+    module().moe_a2a_initialize(full[:, :size], meta, rank, ep_size)
+    torch.cuda.synchronize()
+    dist.barrier(group=state["cpu"])  # no peer publishes before every rank cleared its slice
+    from flashinfer.utils import device_support_pdl
+
+    return RawA2A074(full, meta, rank, ep_size, moe.top_k, moe.num_experts, moe.hidden_size,
+                     bool(device_support_pdl(torch.device("cuda", torch.cuda.current_device()))))
+
+
+class RankRefused074(RuntimeError):
+    """FlashInfer 0.7.4 refused this round on some rank before any launch."""
+
+    def __init__(self, refused_rank, rows, runtime, why):
+        super().__init__(f"FlashInfer 0.7.4 refused rank {refused_rank} ({rows} rows, runtime "
+                         f"{runtime}): {str(why).splitlines()[-1][:200]}; no peer launched "
+                         f"(each would wait timeout_sec and trap)")
+
+
 def _run_emulated_example(state, rank, ep_size, world, spec, bypass) -> List[str]:
     """``_run_example`` without a GPU: the same policy call, agreement and validation; each
     rank's tokens then travel to every rank over the process group (gloo), and every rank runs
@@ -353,7 +518,9 @@ def _run_emulated_example(state, rank, ep_size, world, spec, bypass) -> List[str
     cap = world.max_num_tokens  # what FlashInfer 0.7.2 itself checks, as it checks it:
     if runtimes[rank] <= 0:  # the C++ op
         raise RuntimeError(f"runtime_max_tokens_per_rank must be positive, got {runtimes[rank]}")
-    assert runtimes[rank] <= cap, (  # MoeAlltoAll.dispatch's Python assert
+    if active().checks_local_rows and runtimes[rank] > cap:  # 0.7.4: the class and the op
+        raise ValueError(f"runtime_max_tokens_per_rank={runtimes[rank]} must be in (0, {cap}]")
+    assert runtimes[rank] <= cap, (  # 0.7.2: MoeAlltoAll.dispatch's Python assert
         f"runtime_max_tokens_per_rank={runtimes[rank]} > max_num_tokens={cap}")
     gathered = [None] * ep_size
     dist.all_gather_object(gathered, make_inputs(world)[rank], group=state["cpu"])

@@ -204,3 +204,15 @@ def _byte_model(ep_size: int, cap: int, dispatch_bytes: int, combine_bytes: int,
     return (("workspace_size_per_rank", (workspace_size, int(theirs))),
             ("aux_size", (aux_size(ep_size, cap),
                           int(module().moe_a2a_get_aux_data_size(ep_size, cap, 0)))))
+
+
+def for_installed(device: Optional[torch.device] = None):
+    """The single-GPU driver of the installed FlashInfer: ``SingleGpuA2A`` (0.7.2) or
+    ``single_074.SingleGpuA2A074`` (0.7.4), the same interface."""
+    from ..model.generations import generation_of, installed_version
+
+    if generation_of(installed_version() or "0.7.2").version == "0.7.4":
+        from .single_074 import SingleGpuA2A074
+
+        return SingleGpuA2A074(device)
+    return SingleGpuA2A(device)

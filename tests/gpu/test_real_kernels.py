@@ -25,11 +25,17 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="session")
 def single_gpu():
     from dispatcher.gpu import env
-    from dispatcher.gpu.single import SingleGpuA2A
+    from dispatcher.gpu.single import for_installed
 
     env.apply()  # before this process's CUDA starts (CUDA_DEVICE_MAX_CONNECTIONS among them)
 
-    return SingleGpuA2A()
+    return for_installed()  # the installed FlashInfer's generation (0.7.2 or 0.7.4)
+
+
+def _074() -> bool:
+    from dispatcher.model.generations import active
+
+    return active().checks_local_rows
 
 
 def _report(world, values, rt, name):
@@ -60,10 +66,10 @@ def test_byte_model_equals_flashinfer(world, single_gpu):
 def _undersized_in_a_throwaway_process(world_repr, runtime, q):
     """Runs FlashInfer with validation bypassed; a fault here must not kill the test process."""
     try:
-        from dispatcher.gpu.single import SingleGpuA2A
+        from dispatcher.gpu.single import for_installed
 
         world = parse_world(world_repr)
-        q.put(("ran", SingleGpuA2A().run(world, [runtime] * world.ep_size).problems))
+        q.put(("ran", for_installed().run(world, [runtime] * world.ep_size).problems))
     except Exception as exc:  # noqa: BLE001 - reported to the test
         q.put(("raised", f"{type(exc).__name__}: {exc}"))
 
@@ -75,8 +81,9 @@ def _undersized_in_a_throwaway_process(world_repr, runtime, q):
           moe=MoeConfig(hidden_size=64, top_k=4, num_experts=8, routing="hot_rank", seed=3)),
 ])
 def test_undersized_runtime_is_caught_through_the_real_kernel(world):
-    """One row below the payload, validation bypassed: the real kernel's damage (wrong
-    output, stray rows, guards) is detected, not only the CPU check."""
+    """One row below the payload, validation bypassed: on 0.7.2 the real kernel's damage (wrong
+    output, stray rows, guards) is detected, not only the CPU check; on 0.7.4 FlashInfer
+    refuses the short ranks before any launch and the refusal is reported (no peer spins)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_undersized_in_a_throwaway_process, args=(repr(world), world.max_rows - 1, q))
@@ -87,7 +94,10 @@ def test_undersized_runtime_is_caught_through_the_real_kernel(world):
         assert "CUDA error" in found or "illegal" in found, found
     else:
         assert found, "FlashInfer ran an undersized runtime and nothing was detected"
-        assert any("differs" in f or "stray" in f or "guard" in f for f in found), found
+        if _074():
+            assert all("FlashInfer 0.7.4 refused rank" in f for f in found), found
+        else:
+            assert any("differs" in f or "stray" in f or "guard" in f for f in found), found
 
 
 def test_prefix_rule_rejected_in_sp_worlds(single_gpu):
@@ -107,12 +117,37 @@ def test_prefix_rule_rejected_in_sp_worlds(single_gpu):
 def test_after_a_cuda_fault_every_later_run_fails_fast_naming_it(single_gpu):
     """One dead CUDA context must not turn every later GPU test into an odd error: once a
     run faulted, the next ones raise CudaContextDead naming the world that faulted."""
-    from dispatcher.gpu.single import CudaContextDead, SingleGpuA2A
+    from dispatcher.gpu.single import CudaContextDead, for_installed
 
-    probe = SingleGpuA2A()
+    probe = for_installed()
     probe.dead = "CUDA error: an illegal memory access while running World(...)"
     with pytest.raises(CudaContextDead, match="died earlier .*illegal memory access"):
         probe.run(World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4), [1, 1])
+
+
+def test_rank_variant_runtimes_are_caught_by_the_output_compare(single_gpu):
+    """Every rank fits its own value but the values differ (validation bypassed): neither
+    generation checks it; rows land in other ranks' slots and the compare catches it."""
+    world = World(ep_size=4, dp_size=4, group_tokens=(3, 3, 3, 3), max_num_tokens=8,
+                  moe=MoeConfig(hidden_size=128, top_k=4, num_experts=8))
+    problems = single_gpu.run(world, [3, 3, 4, 4]).problems
+    assert problems and not any("refused" in p for p in problems), problems
+
+
+def test_074_refused_rank_is_reported_with_no_peer_spinning(single_gpu):
+    """0.7.4: the rank with more rows than its runtime is refused by FlashInfer itself (called
+    before any peer launches); 0.7.2 takes the call and the damage shows in the compare."""
+    import time
+
+    world = World(ep_size=4, dp_size=4, group_tokens=(5, 3, 3, 3), max_num_tokens=8,
+                  moe=MoeConfig(hidden_size=128, top_k=4, num_experts=8))
+    t0 = time.monotonic()
+    problems = single_gpu.run(world, [4, 4, 4, 4]).problems
+    assert problems
+    if _074():
+        assert len(problems) == 1 and "refused rank 0 (5 rows, runtime 4)" in problems[0]
+        assert time.monotonic() - t0 < 10  # nobody waited for timeout_sec
+        assert not single_gpu.run(world, [5, 5, 5, 5]).problems  # and the next round is exact
 
 
 @pytest.mark.parametrize("ep_size", range(1, 65))  # FlashInfer 0.7.2: at most 64 ranks
@@ -154,3 +189,18 @@ def test_the_largest_worlds_co_residency_allows(single_gpu, policy, policy_spec)
         rt = single_gpu.run(world, [validate(values, world.views)] * ep)
         assert not rt.problems, f"ep={ep} rows={rows} on {sms} SMs: " + _report(
             world, values, rt, policy_spec)
+
+
+@pytest.mark.parametrize("ep_size", [65, 96, 128, 200, 255, 256])
+def test_074_byte_model_past_64_ranks(ep_size, single_gpu):
+    """0.7.4 takes up to 256 ranks: its layout function (no kernel) against ours."""
+    if not _074():
+        with pytest.raises(ValueError):
+            World(ep_size=ep_size, dp_size=1, group_tokens=(0,), max_num_tokens=1)
+        return
+    from dispatcher.gpu.single_074 import byte_model_074
+
+    for cap in (1, 256, 8192):
+        for h, k in ((7168, 8), (4096, 22), (128, 3)):
+            model = byte_model_074(ep_size, cap, k, 2 * h + 8 * k, 2 * h)
+            assert all(ours == theirs for ours, theirs in model.values()), (model, ep_size, cap)

@@ -27,9 +27,31 @@ def engine_spec(engine_under_test):
     return engine_under_test("sglang")[0]
 
 
+def real_074(pool) -> bool:
+    """FlashInfer 0.7.4's real kernels: no SGLang release can build its dispatcher there."""
+    from dispatcher.model.generations import generation_of, installed_version
+
+    return not pool.emulated and generation_of(installed_version() or "0.7.2").checks_local_rows
+
+
+def assert_sglang_cannot_run_on_074(pool, spec):
+    """What SGLang does on FlashInfer 0.7.4 (docs/flashinfer.md): its ``from flashinfer.comm
+    import MoeAlltoAll`` fails inside its try/except and ``FlashinferDispatcher.__init__``
+    raises ImportError on every rank, before any collective or kernel; the pool stays."""
+    from dispatcher.gpu.rank_pool import RemoteEngineError
+
+    before = pool.restarts
+    with pytest.raises(RemoteEngineError, match="ImportError"):
+        pool.run_sglang(World(ep_size=pool.ep_size, dp_size=pool.ep_size,
+                              group_tokens=(2,) * pool.ep_size, max_num_tokens=8), spec)
+    assert pool.restarts == before
+
+
 @pytest.mark.parametrize("ep_size", ep_sizes())
 def test_sglang_dispatch_and_combine_on_the_real_kernels(ep_size, pools, engine_spec):
     pool = pools(ep_size)
+    if real_074(pool):
+        return assert_sglang_cannot_run_on_074(pool, engine_spec)
     release = load_policy(engine_spec)[1]  # the recorder: which configs the release accepts
     where = "the emulated pool" if pool.emulated else "the real kernels"
 
@@ -75,6 +97,8 @@ def test_a_rank_variant_release_is_caught_through_the_kernels():
     pool = RankPool(2, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,
                     GPU_SHAPES.largest.combine_bytes, emulated=bool(flashinfer_missing()))
     try:
+        if real_074(pool):
+            return assert_sglang_cannot_run_on_074(pool, "sglang:0.5.13")
         with pytest.raises((RemoteMismatch, RemoteKernelFault)) as info:
             pool.run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", bypass=True, ctx=COLLAPSED)
         assert "differs from the reference" in str(info.value) or "CUDA" in str(info.value) \
@@ -87,6 +111,8 @@ def test_a_rank_variant_release_is_caught_through_the_kernels():
 def test_the_agreement_refuses_a_rank_variant_sglang_runtime_before_any_kernel(pools):
     from dispatcher.gpu.rank_pool import RemoteSizingError
 
+    if real_074(pools(2)):
+        return assert_sglang_cannot_run_on_074(pools(2), "sglang:0.5.13")
     with pytest.raises(RemoteSizingError, match="RuntimeDisagreement"):
         pools(2).run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", ctx=COLLAPSED)
 
@@ -108,6 +134,8 @@ def test_a_rank_failing_before_the_agreement_leaves_the_pool_in_step(pools, tmp_
     mutant.write_text(text.replace("max_dp_tokens = max(dp_global_num_tokens)",
                                    "max_dp_tokens = min(dp_global_num_tokens)"))
     pool, world = pools(2), World(ep_size=2, dp_size=2, group_tokens=(9, 3), max_num_tokens=64)
+    if real_074(pool):
+        return assert_sglang_cannot_run_on_074(pool, f"sglang:{mutant}")
     before, t0 = pool.restarts, time.monotonic()
     with pytest.raises(RemoteEngineError, match="x.shape"):
         pool.run_sglang(world, f"sglang:{mutant}")
