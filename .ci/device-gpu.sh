@@ -1,32 +1,30 @@
 #!/usr/bin/env bash
 # The GPU runs behind the GPU figures in benchmarks/README.md, for a GPU host with no package
-# index (Python 3.12, torch, pytest, pytest-xdist, hypothesis there; FlashInfer shipped here):
-#   .gpu/site.tgz                FlashInfer 0.7.2.post1 and its few pure-Python needs, installed
-#                                with pip --target for Python 3.12 and tarred
-#   .gpu/mnnvl_moe_alltoall.so   the A2A module built for sm_90a (docs/gpu.md says how), installed
-#                                as FlashInfer's AOT module; without it FlashInfer JIT-builds it
-#   .sglang/ .vllm/              the pinned SGLang and vLLM files (python -m dispatcher.sglang fetch,
-#                                python -m dispatcher.vllm fetch)
-#   STEPS="gpu multi sglang vllm bad speed profile wall ttft"   which parts; logs in $OUT/results.tgz
+# index (Python 3.12, torch, pytest, pytest-xdist, hypothesis there; FlashInfer shipped here),
+# once per FlashInfer generation:
+#   .gpu072s/site.tgz  .gpu074s/site.tgz   FlashInfer 0.7.2 / 0.7.4 with its A2A module built for
+#                      sm_90a as the AOT module (.ci/build-a2a-module.sh, then the pack step in
+#                      docs/gpu.md); a missing pack skips that generation, and FlashInfer
+#                      JIT-builds a missing module (~3 min)
+#   .sglang/ .vllm/ .flashinfer-python/   the pinned files (python -m dispatcher.sglang fetch,
+#                      ... vllm fetch, ... flashinfer fetch)
+#   GENERATIONS="072 074"   which generations; STEPS="gpu multi sglang vllm bad speed a2a profile wall ttft"
+#   which parts; logs in $OUT/results.tgz (each step's log name ends in the generation)
 set -uo pipefail
 OUT=${OUT:-$PWD/out/gpu}; R=$(mktemp -d); mkdir -p "$OUT"
-STEPS=${STEPS:-gpu multi sglang bad speed wall}
+STEPS=${STEPS:-gpu multi sglang bad a2a}
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=gpu
-site=/tmp/site; aot=$site/flashinfer/data/aot/mnnvl_moe_alltoall
-mkdir -p $site && tar -C $site -xzf .gpu/site.tgz
-[ -f .gpu/mnnvl_moe_alltoall.so ] && mkdir -p $aot && cp .gpu/mnnvl_moe_alltoall.so $aot/
-export PYTHONPATH=$site:$PWD
-eval "$(python3 -m dispatcher.gpu.env)"   # NVLink multicast off, as every GPU process sets it
-{ nvidia-smi -L; python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'gpus', torch.cuda.device_count())"; } | tee $R/env.log
-load='import time; t=time.time(); from dispatcher.gpu.flashinfer import module; module(); print("a2a module ready in %.1f s" % (time.time()-t))'
-if ! python3 -c "$load" 2>&1 | tee -a $R/env.log; then
-  echo "prebuilt module did not load; JIT build" | tee -a $R/env.log
-  rm -rf $aot; python3 -c "$load" 2>&1 | tee -a $R/env.log
-fi
-step() { local name=$1 limit=$2; shift 2; echo "=== $name: $*" | tee $R/$name.log; local t=$SECONDS
+eval "$(PYTHONPATH=$PWD python3 -m dispatcher.gpu.env)"   # NVLink multicast off, as every GPU process sets it
+step() { local name=$1-$g limit=$2; shift 2; echo "=== $name: $*" | tee $R/$name.log; local t=$SECONDS
   timeout "$limit" "$@" >> $R/$name.log 2>&1; local rc=$?
   echo "rc=$rc wall=$((SECONDS - t))s" | tee -a $R/$name.log; tail -n 6 $R/$name.log; }
 py="python3 -m pytest -p no:cacheprovider -n 0 -q -rs --require-gpus"
+for g in ${GENERATIONS:-072 074}; do
+[ -f .gpu${g}s/site.tgz ] || { echo "no .gpu${g}s/site.tgz: FlashInfer $g skipped" | tee -a $R/env.log; continue; }
+site=/tmp/site$g; mkdir -p $site && tar -C $site -xzf .gpu${g}s/site.tgz
+export PYTHONPATH=$site:$PWD
+{ nvidia-smi -L; python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'gpus', torch.cuda.device_count())"; } | tee -a $R/env.log
+python3 -c 'import time; t=time.time(); from dispatcher.gpu.single import for_installed; for_installed(); print("a2a driver ready in %.1f s" % (time.time()-t))' 2>&1 | tee -a $R/env.log
 for s in $STEPS; do case $s in
   gpu) step gpu 150 $py -m gpu tests/gpu --timeout=140 ;;
   multi) step multi 300 $py -m multi_gpu tests/multi_gpu -s --timeout=280 ;;
@@ -49,5 +47,7 @@ for s in $STEPS; do case $s in
        done ;;
   wall) step wall 420 python3 benchmarks/suite_wall.py --runs 3 --profile gpu --out $R/suite_wall_gpu.json --log-dir $R/wall-runs -- --require-gpus --durations=30 ;;
   ttft) step ttft 300 python3 benchmarks/ttft.py --out $R/ttft ;;
-esac; done
+  a2a) step a2a 120 python3 benchmarks/a2a_generations.py --out $R/a2a --iters 200 ;;
+esac; done; done
+[ -d $R/a2a ] && PYTHONPATH=$PWD python3 benchmarks/a2a_generations.py --table $R/a2a | tee $R/a2a/table.md
 tar -C $R -czf $OUT/results.tgz . && ls -la $OUT
