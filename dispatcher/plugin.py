@@ -209,8 +209,12 @@ def _choose_generation(asked) -> None:
     from dispatcher.model import generations
 
     installed = generations.installed_version()
+    # No option: a generation set by an enclosing gate session (the pinned SGLang and vLLM
+    # histories run their nested sessions on 0.7.2), else the installed one, else 0.7.2. A
+    # model other than the installed kernels then keeps the GPU tiers out (dispatcher/gpu/env.py).
+    inherited = os.environ.get(generations.ENV) if asked is None else None
     try:
-        chosen = generations.generation_of(asked or installed or generations.DEFAULT)
+        chosen = generations.generation_of(asked or inherited or installed or generations.DEFAULT)
         if asked and installed and generations.generation_of(installed) != chosen:
             raise pytest.UsageError(
                 f"--flashinfer={asked} but FlashInfer {installed} is installed: the GPU tiers "

@@ -65,13 +65,16 @@ def flashinfer_missing() -> str:
         return "needs a GPU, found none (NVML / nvidia-smi)"
     if importlib.util.find_spec("flashinfer") is None:
         return "flashinfer is not installed (pip install -e '.[gpu]')"
-    from ..model.generations import UnknownGeneration, generation_of, installed_version
+    from ..model.generations import UnknownGeneration, active, generation_of, installed_version
 
     version = installed_version() or ""
     try:
-        generation_of(version or "0.7.2")
+        kernels = generation_of(version or "0.7.2")
     except UnknownGeneration as exc:
         return f"{exc}: the GPU tiers drive 0.7.2 and 0.7.4 (docs/flashinfer.md)"
+    if active() != kernels:
+        return (f"this session models {active()} ($A2A_GATE_FLASHINFER) but FlashInfer "
+                f"{version} is installed: the GPU tiers run the installed kernels")
     return ""
 
 

@@ -2,6 +2,7 @@
 silent pass, a raw traceback or a hang. Each case is what a user can type or paste."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,7 +66,7 @@ def test_a_float_runtime_is_a_violation_with_the_rules_own_spec_in_the_replay_li
                           repr(WORLD)], capture_output=True, text=True, cwd=SOURCE, timeout=60,
                          env={"PYTHONPATH": f"{tmp_path}:{SOURCE}", "PATH": "/usr/bin:/bin"})
     assert out.returncode == VIOLATED, out.stdout + out.stderr
-    assert "[int]" in out.stdout and "replay: python -m dispatcher --policy floaty:rule" in out.stdout
+    assert "[int]" in out.stdout and re.search(r"replay: python -m dispatcher( --flashinfer=\S+)? --policy floaty:rule", out.stdout)
 
 
 def test_a_large_valid_world_replays_in_bounded_memory_and_time():

@@ -100,5 +100,5 @@ def test_suite_fails_end_to_end_with_a_readable_counterexample(pytester, rule, m
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, text[-3000:]
     assert re.search(r"(Falsifying|Failing) (explicit )?example", text), text[-3000:]
-    assert "replay: python -m dispatcher --policy" in text
+    assert re.search(r"replay: python -m dispatcher( --flashinfer=\S+)? --policy", text)
     assert "payload rows per EP rank" in text and "ideal:" in text

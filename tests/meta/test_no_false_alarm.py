@@ -2,6 +2,7 @@
 checkout-shaped tree), and with edits that change nothing SGLang can reach, passes the SGLang
 tests and the property tests; an edit SGLang can reach still fails them. Run end to end through
 pytester, as a user runs ``pytest --policy=sglang:PATH``."""
+import re
 import shutil
 
 import pytest
@@ -12,6 +13,8 @@ pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip instal
 
 from dispatcher.sglang import fetch  # noqa: E402
 from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
+
+pytestmark = pytest.mark.engine_releases("sglang")  # SGLang's files: on the FlashInfer they call
 
 NEWEST = RELEASES[-1]
 # Edits of 0.5.23's sizing code that SGLang cannot tell apart: its counts are already padded
@@ -85,4 +88,4 @@ def test_an_observable_edit_still_fails(pytester, monkeypatch, newest_tree, tmp_
     result, text = _run(pytester, monkeypatch, str(edited), "-x",
                         "tests/sglang/test_engine_steps.py")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, text[-4000:]
-    assert "replay: python -m dispatcher --policy" in text
+    assert re.search(r"replay: python -m dispatcher( --flashinfer=\S+)? --policy", text)
