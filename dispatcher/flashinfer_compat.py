@@ -40,12 +40,11 @@ def cell(spec: str, version: str) -> str:
 
 def _first_error(text: str) -> str:
     """The engine's own error, from a crash report: the last ``raised X: ...`` it names."""
-    for marker in ("raised ", ):
-        at = text.rfind(marker)
-        if at >= 0:
-            line = text[at + len(marker):].splitlines()[0].split(" on EP rank")[0].strip()
-            return line.split(". ")[0].rstrip(".") + "."  # its first sentence
-    return text.splitlines()[0]
+    at = text.rfind("raised ")
+    if at < 0:
+        return text.splitlines()[0]
+    line = text[at + len("raised "):].splitlines()[0].split(" on EP rank")[0].strip()
+    return line.split(". ")[0].rstrip(".") + "."  # its first sentence
 
 
 def specs() -> List[str]:
