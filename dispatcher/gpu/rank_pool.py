@@ -271,6 +271,20 @@ def _agree(state, value, key: int = 0) -> list:
     return [v for v, _ in pairs]
 
 
+def _rank_value(state, rank: int, world, spec: str, bypass):
+    """This rank's runtime: the policy's value for its view (the policy loaded once per rank
+    process), or ``bypass[rank]`` when the caller hands each rank its value."""
+    if isinstance(bypass, list):
+        return bypass[rank]
+    from ..model.properties import for_world
+    from ..policies import load_policy
+
+    policies = state["policies"]
+    if spec not in policies:
+        policies[spec] = load_policy(spec)[1]
+    return for_world(policies[spec], world)(world.rank_view(rank))
+
+
 def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec,
                  bypass) -> List[str]:
     import zlib
@@ -280,19 +294,14 @@ def _run_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
 
     from ..emulator.a2a import POISON, expected_recv_counts
     from ..emulator.inputs import make_inputs, reference_outputs
-    from ..model.properties import for_world
     from ..model.validation import require_int, validate
     from ..model.workspace import aux_offsets, workspace_size_per_rank
-    from ..policies import load_policy
     from . import torch_ops
     from .checks import poisoned_rows, rank_problems, stale_rows_ok
     from .flashinfer import new_moe_alltoall
 
-    policies, a2as = state["policies"], state["a2as"]
-    if spec not in policies:
-        policies[spec] = load_policy(spec)[1]
-    view = world.rank_view(rank)
-    mine = for_world(policies[spec], world)(view) if not isinstance(bypass, list) else bypass[rank]
+    a2as = state["a2as"]
+    mine = _rank_value(state, rank, world, spec, bypass)
     moe, cap = world.moe, world.max_num_tokens
     aux = aux_offsets(ep_size, cap)
 
@@ -346,30 +355,21 @@ def _run_example_074(state, rank, ep_size, world, spec, bypass) -> List[str]:
     from flashinfer.moe_ep import (BootstrapConfig, MoEEpCommParams, NVLinkOneSidedAlltoAll,
                                    NVLinkOneSidedConfig)
 
-    from ..emulator.a2a import POISON, expected_recv_counts
+    from ..emulator.a2a import expected_recv_counts
     from ..emulator.inputs import make_inputs, reference_outputs
-    from ..model.properties import for_world
     from ..model.validation import require_int, validate
-    from ..policies import load_policy
     from . import torch_ops
     from .checks import poisoned_rows, rank_problems, stale_rows_ok
     from .single_074 import INVALID_EXPERT_ID, TIMEOUT_S
 
-    policies, a2as = state["policies"], state["a2as"]
-    if spec not in policies:
-        policies[spec] = load_policy(spec)[1]
-    view = world.rank_view(rank)
-    mine = for_world(policies[spec], world)(view) if not isinstance(bypass, list) else bypass[rank]
+    a2as = state["a2as"]
+    mine = _rank_value(state, rank, world, spec, bypass)
     moe, cap = world.moe, world.max_num_tokens
     shape = (cap, moe.top_k, moe.hidden_size, moe.payload, moe.num_experts)
     known = shape in a2as
     idx = state["index"]
     if known:  # poisoned before the agreement, which is also the barrier (as in _run_example)
-        a2a = a2as[shape]["a2a"]
-        for name in ("DISPATCH_PAYLOAD", "COMBINE_INPUT"):
-            at = int(a2a.metainfo[idx[f"{name}_OFFSET_INDEX"]])
-            a2a.workspace[rank][at:at + int(a2a.metainfo[idx[f"{name}_SIZE_INDEX"]])].fill_(POISON)
-        torch.cuda.synchronize()
+        _poison_074(a2as[shape]["a2a"], rank, idx)
     key = zlib.crc32(repr(world).encode()) << 1 | known
     values = _agree(state, mine, key)
     if bypass is False:
@@ -395,10 +395,7 @@ def _run_example_074(state, rank, ep_size, world, spec, bypass) -> List[str]:
         if state["a2a_path"] == "shared workspace":
             a2a = _shared_workspace_074(state, rank, ep_size, moe, cap)
         a2as[shape] = {"a2a": a2a}
-        for name in ("DISPATCH_PAYLOAD", "COMBINE_INPUT"):
-            at = int(a2a.metainfo[idx[f"{name}_OFFSET_INDEX"]])
-            a2a.workspace[rank][at:at + int(a2a.metainfo[idx[f"{name}_SIZE_INDEX"]])].fill_(POISON)
-        torch.cuda.synchronize()
+        _poison_074(a2a, rank, idx)
         _agree(state, None)  # a barrier: nobody writes into a peer before it is poisoned
     entry = a2as[shape]
     a2a = entry["a2a"]
@@ -433,6 +430,18 @@ def _run_example_074(state, rank, ep_size, world, spec, bypass) -> List[str]:
     host_counts, host_poisoned, host_out = torch_ops.read_back([counts, poisoned, out])
     return rank_problems(rank, bool(stale_rows_ok(host_poisoned, expected, runtime)), runtime,
                          host_counts.view(np.int32), expected, host_out, reference)
+
+
+def _poison_074(a2a, rank: int, idx) -> None:
+    """POISON in this rank's dispatch and combine regions (never the counters or flags)."""
+    import torch
+
+    from ..emulator.a2a import POISON
+
+    for name in ("DISPATCH_PAYLOAD", "COMBINE_INPUT"):
+        at = int(a2a.metainfo[idx[f"{name}_OFFSET_INDEX"]])
+        a2a.workspace[rank][at:at + int(a2a.metainfo[idx[f"{name}_SIZE_INDEX"]])].fill_(POISON)
+    torch.cuda.synchronize()
 
 
 def _round_counts_074(rank_bytes, metainfo, idx, ep_size):
@@ -501,16 +510,10 @@ def _run_emulated_example(state, rank, ep_size, world, spec, bypass) -> List[str
 
     from ..emulator.a2a import round_trip
     from ..emulator.inputs import make_inputs
-    from ..model.properties import for_world
     from ..model.validation import require_int, validate
-    from ..policies import load_policy
     from .checks import rank_problems
 
-    policies = state["policies"]
-    if spec not in policies:
-        policies[spec] = load_policy(spec)[1]
-    view = world.rank_view(rank)
-    mine = for_world(policies[spec], world)(view) if not isinstance(bypass, list) else bypass[rank]
+    mine = _rank_value(state, rank, world, spec, bypass)
     values = _agree(state, mine, zlib.crc32(repr(world).encode()))
     if bypass is False:
         validate(values, world.views)

@@ -25,7 +25,7 @@ from . import torch_ops
 from .checks import poisoned_rows, stale_rows_ok, world_problems
 from .flashinfer import comm, metainfo_index, module, pdl_default
 
-__all__ = ["SingleGpuA2A", "GpuRoundTrip", "CudaContextDead", "GUARD"]
+__all__ = ["SingleGpuA2A", "GpuRoundTrip", "CudaContextDead", "GUARD", "verdict", "for_installed"]
 
 GUARD = 4096
 GUARD_BYTE = 0x5A
@@ -177,20 +177,31 @@ class SingleGpuA2A:
         for s in streams:
             main.wait_stream(s)
         guard = (space.full[:, size:] == GUARD_BYTE).all()
-        # the host's half while the GPU works; then every answer in one copy (one sync)
-        expected = expected_recv_counts(world, inputs)
-        ref = reference_outputs(world, inputs)
-        guard_ok, host_counts, *rest = torch_ops.read_back([guard, counts, *poisoned, *results])
-        host_counts = host_counts.view(np.int32)
-        host_poisoned, host_out = rest[:len(poisoned)], rest[len(poisoned):]
-        stale = (stale_rows_ok(host_poisoned[0], expected, runtimes[0]) if same else
-                 [stale_rows_ok(host_poisoned[r], expected[r], runtimes[r]) for r in range(W)])
-        problems = [] if guard_ok else ["guard bytes after a rank's workspace were overwritten"]
-        problems += world_problems(stale, runtimes, host_counts, expected, host_out, ref)
-        wrong = {k: v for k, v in model.items() if v[0] != v[1]}
-        if wrong:
-            problems.append(f"byte model != FlashInfer: {wrong}")
-        return GpuRoundTrip(tuple(problems), model)
+        return verdict(world, inputs, runtimes, guard, counts, poisoned, results, model,
+                       "FlashInfer")
+
+
+def verdict(world: World, inputs, runtimes: Sequence[int], guard, counts, poisoned, results,
+            model: Dict[str, Tuple[int, int]], flashinfer: str) -> GpuRoundTrip:
+    """Every check of a single-GPU round trip, from what is still on the device: guard bytes
+    intact (``guard``), received counts ([W, W] int32 as bytes), stale rows still poison
+    (``poisoned``: one stacked tensor when every rank ran the same runtime, else one per
+    rank), each rank's combined output against the reference, and our byte model against
+    FlashInfer's numbers. The host's half runs while the GPU works; then one copy (one sync)."""
+    W = world.ep_size
+    expected = expected_recv_counts(world, inputs)
+    ref = reference_outputs(world, inputs)
+    guard_ok, host_counts, *rest = torch_ops.read_back([guard, counts, *poisoned, *results])
+    host_counts = host_counts.view(np.int32)
+    host_poisoned, host_out = rest[:len(poisoned)], rest[len(poisoned):]
+    stale = (stale_rows_ok(host_poisoned[0], expected, runtimes[0]) if len(set(runtimes)) == 1 else
+             [stale_rows_ok(host_poisoned[r], expected[r], runtimes[r]) for r in range(W)])
+    problems = [] if guard_ok else ["guard bytes after a rank's workspace were overwritten"]
+    problems += world_problems(stale, runtimes, host_counts, expected, host_out, ref)
+    wrong = {k: v for k, v in model.items() if v[0] != v[1]}
+    if wrong:
+        problems.append(f"byte model != {flashinfer}: {wrong}")
+    return GpuRoundTrip(tuple(problems), model)
 
 
 @lru_cache(maxsize=4096)

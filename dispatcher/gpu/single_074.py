@@ -20,16 +20,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
-from ..emulator.a2a import POISON, expected_recv_counts
-from ..emulator.inputs import make_inputs, reference_outputs
+from ..emulator.a2a import POISON
+from ..emulator.inputs import make_inputs
 from ..model import workspace_074 as w074
 from ..model.world import World
 from . import torch_ops
-from .checks import poisoned_rows, stale_rows_ok, world_problems
-from .single import GUARD, GUARD_BYTE, CudaContextDead, GpuRoundTrip
+from .checks import poisoned_rows
+from .single import GUARD, GUARD_BYTE, CudaContextDead, GpuRoundTrip, verdict
 
 __all__ = ["SingleGpuA2A074", "RawA2A074", "TIMEOUT_S", "module", "layout_index",
            "flashinfer_layout", "byte_model_074", "aligned16"]
@@ -296,16 +295,5 @@ class SingleGpuA2A074:
         for s in streams:
             main.wait_stream(s)
         guard = (space.full[:, ws.shape[1]:] == GUARD_BYTE).all()
-        expected = expected_recv_counts(world, inputs)
-        ref = reference_outputs(world, inputs)
-        guard_ok, host_counts, *rest = torch_ops.read_back([guard, counts, *poisoned, *results])
-        host_counts = host_counts.view(np.int32)
-        host_poisoned, host_out = rest[:len(poisoned)], rest[len(poisoned):]
-        stale = (stale_rows_ok(host_poisoned[0], expected, runtimes[0]) if same else
-                 [stale_rows_ok(host_poisoned[r], expected[r], runtimes[r]) for r in range(W)])
-        problems = [] if guard_ok else ["guard bytes after a rank's workspace were overwritten"]
-        problems += world_problems(stale, runtimes, host_counts, expected, host_out, ref)
-        wrong = {k: v for k, v in model.items() if v[0] != v[1]}
-        if wrong:
-            problems.append(f"byte model != FlashInfer 0.7.4: {wrong}")
-        return GpuRoundTrip(tuple(problems), model)
+        return verdict(world, inputs, runtimes, guard, counts, poisoned, results, model,
+                       "FlashInfer 0.7.4")
