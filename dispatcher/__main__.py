@@ -108,7 +108,14 @@ def main(argv=None) -> int:
                     help="the FlashInfer A2A generation (default: the installed one, else 0.7.2)")
     ap.add_argument("--context", default="", metavar="'SGLangContext(...)'",
                     help="for sglang: policies, the step's context (default: eager decode)")
+    ap.add_argument("--newest-companions", action="store_true",
+                    help="let the newest pinned release's code stand in for an engine "
+                         "checkout's missing companion functions (as in the gate run)")
     args = ap.parse_args(argv)  # exits 2 on bad arguments
+    if args.newest_companions:
+        from .companions import NEWEST_ENV
+
+        os.environ[NEWEST_ENV] = "1"
     if args.flashinfer:
         from .model import generations
 

@@ -78,6 +78,10 @@ def pytest_addoption(parser):
     group.addoption("--flashinfer", default=None, metavar="VERSION",
                     help="FlashInfer A2A generation: 0.7.2 or 0.7.4 (default: the installed "
                          "FlashInfer, else 0.7.2)")
+    group.addoption("--newest-companions", action="store_true",
+                    help="for an engine checkout that lacks a function of the engine's own "
+                         "code the gate runs beside the dispatcher file (moved, renamed): let "
+                         "the newest pinned release's stand in, rather than refuse the tree")
     group.addoption("--rule-budget-ms", type=float, default=properties.RULE_BUDGET.seconds * 1e3,
                     metavar="MS", help="mean milliseconds one rule call may take "
                                        "(default: %(default)s)")
@@ -191,6 +195,9 @@ def pytest_configure(config):
                                 f"got {budget}")
     properties.RULE_BUDGET.seconds = config.getoption("--rule-budget-ms") / 1e3
     _choose_generation(config.getoption("--flashinfer"))
+    if config.getoption("--newest-companions"):
+        from dispatcher.companions import NEWEST_ENV
+        os.environ[NEWEST_ENV] = "1"  # workers and rank processes inherit it
     try:
         if not hasattr(config, "workerinput"):  # once per run: the controller probes it
             probe_policy(config.getoption("--policy"))
@@ -230,6 +237,9 @@ def pytest_report_header(config):
     digest = getattr(policy, "sha256", None)
     if digest:
         line += f" ({policy.path}, sha256 {digest[:16]})"
+    companions = getattr(policy, "companions", None)
+    if companions is not None:
+        line += f"\n  the engine's code beside it: {companions.origin}"
     from dispatcher.model.generations import active
 
     return [line, f"hypothesis profile: {_PROFILE}; FlashInfer: {_flashinfer_version()} "

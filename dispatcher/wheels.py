@@ -12,7 +12,6 @@ cannot stand in for the real release.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib.util
 import json
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
-__all__ = ["ReleaseError", "Package", "sha256", "companion_function", "exec_engine_file",
+__all__ = ["ReleaseError", "Package", "sha256", "exec_engine_file",
            "reentrant", "fetch_main", "PIP_TIMEOUT_S"]
 
 PIP_TIMEOUT_S = 300
@@ -40,21 +39,6 @@ class ReleaseError(ValueError):
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def companion_function(path: Path, name: str, namespace: Dict[str, object]) -> Optional[Callable]:
-    """Function ``name`` of the file at ``path``, compiled alone (annotations dropped) in
-    ``namespace`` (the stand-ins answer its module-level names); None if the file has none."""
-    tree = ast.parse(Path(path).read_text())
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
-                arg.annotation = None
-            node.returns = None
-            namespace = dict(namespace)
-            exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
-            return namespace[name]
-    return None
 
 
 def reentrant(patches):
@@ -141,6 +125,22 @@ class Package:
             if p.as_posix().endswith("/" + rel):
                 return p.parents[len(Path(rel).parts) - 1]
         return None
+
+    def release_of(self, file: Path) -> Optional[str]:
+        """The pinned release whose verified cache folder ``file`` sits in, if any."""
+        root = self.root_of(file)
+        if root is None or root.parent.resolve() != self.cache_dir().resolve():
+            return None
+        return root.name if root.name in self.pins and self.verified(root) else None
+
+    def wheel_version(self, root: Path) -> Optional[str]:
+        """The version in the name of the local wheel a cached tree came from, if it did."""
+        try:
+            wheel = json.loads((Path(root) / "manifest.json").read_text()).get("wheel", "")
+        except (OSError, ValueError, AttributeError):
+            return None
+        parts = str(wheel).split("-")
+        return parts[1] if len(parts) >= 3 else None
 
     def companion_file(self, main_file: Path, name: str) -> Optional[Path]:
         """``name`` (one of ``companions``) in the same tree as ``main_file``, if there."""

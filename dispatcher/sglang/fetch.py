@@ -9,23 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..wheels import Package, ReleaseError, sha256
+# The dispatcher file and the files beside it whose functions decide what it sees (kept with
+# the dispatcher file when a release has them): sources.py, one record per piece
+from .sources import (COMMON, COMPANIONS, DP_ATTN, MOE_HOOK, OVERRIDES, RELEASE_FILE,
+                      SERVER_ARGS, SPEC_INFO)
 
 __all__ = ["ReleaseError", "PACKAGE", "RELEASE_FILE", "COMPANIONS", "COMMON", "OVERRIDES",
            "DP_ATTN", "SPEC_INFO", "MOE_HOOK", "SERVER_ARGS", "CACHE_ENV", "cache_dir",
            "canonical_version", "companion_file", "fetch_release", "wheel_file", "checkout_file",
            "installed_file", "sha256"]
 
-RELEASE_FILE = "sglang/srt/layers/moe/token_dispatcher/flashinfer.py"
-# Files beside the dispatcher whose functions decide what it sees (docs/sglang.md, "Where a
-# step comes from"), kept with the dispatcher file when a release has them:
-COMMON = "sglang/srt/utils/common.py"  # require_mlp_tp_gather()
-OVERRIDES = "sglang/srt/arg_groups/overrides.py"  # the A2A cap derivation (0.5.22+)
-DP_ATTN = ("sglang/srt/managers/scheduler_components/dp_attn.py",  # the scheduler's DP gather
-           "sglang/srt/managers/scheduler_dp_attn_mixin.py")  # (its 0.5.10-0.5.12 home)
-SPEC_INFO = "sglang/srt/speculative/spec_info.py"  # spec_scale_global_num_tokens (0.5.16+)
-MOE_HOOK = "sglang/srt/arg_groups/moe_hook.py"  # server-arg checks of FlashInfer A2A (0.5.19+)
-SERVER_ARGS = "sglang/srt/server_args.py"  # the same checks before 0.5.19
-COMPANIONS = (COMMON, OVERRIDES) + DP_ATTN + (SPEC_INFO, MOE_HOOK, SERVER_ARGS)
 CACHE_ENV = "A2A_GATE_SGLANG_CACHE"
 PACKAGE = Package("sglang", (RELEASE_FILE,), COMPANIONS, CACHE_ENV, "SGLang's flashinfer.py",
                   Path(__file__).with_name("pins.json"))

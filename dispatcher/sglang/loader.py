@@ -26,9 +26,11 @@ from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..wheels import companion_function, exec_engine_file, reentrant
+from ..companions import Companions, companion_function, resolve
+from ..wheels import exec_engine_file, reentrant
 from . import fetch
 from .scheduler import ServerConfig, load_scheduler
+from .sources import NEEDED, RELEASES, VERSION_FILES
 from .standins import (Hooks, LaunchRecord, Launched, RoutedAround, StandardTopKOutput, _Group,
                        _State, current, mlp_tp_gather, stand_in_globals, stand_in_modules)
 
@@ -103,6 +105,7 @@ class SGLangRelease:
     hooks: Hooks = Hooks()
     flashinfer: str = "recorder"  # or "real" / "emulated" MoeAlltoAll (the rank pools)
     process_group: object = None  # with real FlashInfer: the group SGLang bootstraps over
+    companions: Optional[Companions] = None  # where the SGLang code beside the file came from
     _instances: "OrderedDict[tuple, object]" = field(default_factory=OrderedDict, repr=False)
     _input_cache: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
     _refusals: Dict[ServerConfig, Optional[str]] = field(default_factory=dict, repr=False)
@@ -292,7 +295,8 @@ class BoundStep:
         self.outcomes: Optional[List[Outcome]] = None
         self._served: set = set()
         self.spec = release.spec
-        self.replay_args = "" if ctx == SGLangContext() else f" --context \"{ctx!r}\""
+        self.replay_args = (release.companions.replay_flag if release.companions else "") + (
+            "" if ctx == SGLangContext() else f" --context \"{ctx!r}\"")
 
     def __call__(self, view: RankView) -> int:
         rank, label = view.ep_rank, self.release.label
@@ -330,34 +334,50 @@ def _companion(path: Optional[Path], name: str) -> Optional[Callable]:
 _LOADED: Dict[tuple, SGLangRelease] = {}
 
 
+def companions_of(path: Path) -> Companions:
+    """Where the SGLang code beside ``path`` comes from (``dispatcher.companions``)."""
+    return resolve(fetch.PACKAGE, path, NEEDED, RELEASES, "SGLang",
+                   release=fetch.PACKAGE.release_of(path), version_files=VERSION_FILES)
+
+
 def load_release(path, label: Optional[str] = None, flashinfer: str = "recorder") -> SGLangRelease:
-    """Load one dispatcher ``flashinfer.py`` (loaded once per content hash per process)."""
+    """Load one dispatcher ``flashinfer.py`` with the SGLang code beside it (loaded once per
+    process for each content of the file and of that code: a lone copy of a release and the
+    release itself share nothing but what is the same)."""
     path = Path(path).resolve()
     if not path.is_file() or path.suffix != ".py":
         raise fetch.ReleaseError(f"sglang:{path}: expected SGLang's flashinfer.py, an SGLang "
                                  f"checkout, a wheel or a release version")
     digest = fetch.sha256(path)
-    if (digest, flashinfer) in _LOADED:
-        return _LOADED[digest, flashinfer]
+    companions = companions_of(path)
+    key = (digest, companions.key, flashinfer, label or str(path))
+    if key in _LOADED:
+        return _LOADED[key]
     module = _exec(path, digest, flashinfer, active().version)
     if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
         raise fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
                                  f"not SGLang's token_dispatcher/flashinfer.py")
     hooks = Hooks(
-        scheduler=load_scheduler(path, stand_in_globals()),
-        require_mlp_tp_gather=_companion(fetch.companion_file(path, fetch.COMMON),
+        scheduler=load_scheduler(companions, stand_in_globals()),
+        require_mlp_tp_gather=_companion(companions.source("require_mlp_tp_gather"),
                                          "require_mlp_tp_gather"),
-        a2a_cap=_companion(fetch.companion_file(path, fetch.OVERRIDES),
+        a2a_cap=_companion(companions.source("flashinfer_a2a_max_dispatch_tokens_per_rank"),
                            "flashinfer_a2a_max_dispatch_tokens_per_rank"))
     release = SGLangRelease(path, label or str(path), {active().version: module}, digest, hooks,
-                            flashinfer)
-    _LOADED[digest, flashinfer] = release
+                            flashinfer, companions=companions)
+    _LOADED[key] = release
     return release
 
 
+_MODULES: Dict[tuple, types.ModuleType] = {}
+
+
 def _exec(path: Path, digest: str, flashinfer: str, version: str) -> types.ModuleType:
+    """The file executed against one FlashInfer generation (once per content per process)."""
     name = f"_a2a_gate_sglang_{digest[:16]}_{flashinfer}_{version.replace('.', '_')}"
-    return exec_engine_file(path, name, _sandbox(flashinfer), "sglang")
+    if name not in _MODULES:
+        _MODULES[name] = exec_engine_file(path, name, _sandbox(flashinfer), "sglang")
+    return _MODULES[name]
 
 
 def release_from_spec(target: str, flashinfer: str = "recorder") -> SGLangRelease:

@@ -28,9 +28,9 @@ spec_scale_global_num_tokens``        counts times its tokens per request (0.5.1
 Two steps stay stand-ins, documented in docs/sglang.md: the forward batch's padding of each
 group's count to a multiple of attn_tp (and to the max in MAX_LEN mode) in
 ``ForwardBatch.prepare_mlp_sync_batch`` (a method needing a model runner), and CUDA-graph
-capture, which records no list. A lone ``flashinfer.py`` has no companion files: the newest
-release's behaviour stands in for each function (``NEWEST``), and ``Scheduler.sources`` says
-so.
+capture, which records no list. Which file each function comes from (the tree, the release a
+lone file is identical to, or the newest release standing in) is ``dispatcher.companions``'
+answer; ``Scheduler.sources`` names it in every message.
 """
 from __future__ import annotations
 
@@ -43,13 +43,12 @@ from typing import Callable, Dict, Optional, Tuple
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
 from ..sizing import ceil_align
-from ..wheels import companion_function
-from . import fetch
+from ..companions import Companions, companion_function
+from .sources import TOPOLOGY_ASSERT, flashinfer_assert
 
 __all__ = ["ServerConfig", "Scheduler", "load_scheduler", "MUSE_SPARK"]
 
 MUSE_SPARK = "MuseSparkForConditionalGeneration"  # the one architecture with layernorm-SP
-NEWEST = "the newest pinned release's behaviour (no companion file beside the dispatcher)"
 
 
 @dataclass(frozen=True)
@@ -95,41 +94,6 @@ class _Anything(types.SimpleNamespace):
         return None
 
 
-def _newest_topology(*, architecture, tp_size, ep_size, attn_dp_size, attn_dp_enabled,
-                     enable_layernorm_sp) -> bool:
-    """0.5.23's ``_flashinfer_a2a_topology_is_supported`` (stands in for a lone file)."""
-    if attn_dp_enabled and attn_dp_size == tp_size:
-        return True
-    return (architecture == MUSE_SPARK and enable_layernorm_sp and not attn_dp_enabled
-            and attn_dp_size == 1 and (tp_size, ep_size) in ((4, 4), (8, 8)))
-
-
-_TOPOLOGY_NAMES = {"dp_size", "tp_size", "attn_dp_size", "enable_dp_attention", "attn_dp_enabled_of"}
-
-
-def _names(node: ast.AST) -> set:
-    return {getattr(n, "attr", None) or getattr(n, "id", None) for n in ast.walk(node)}
-
-
-def _flashinfer_assert(path: Path) -> Optional[Tuple[ast.expr, int]]:
-    """The first ``assert`` on the topology (it reads dp/tp sizes or DP attention) directly
-    under ``if <...a2a...> == "flashinfer":`` in ``path`` (how 0.5.13-0.5.22 refuse a
-    topology), with its line."""
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)):
-            continue
-        left, comps = node.test.left, node.test.comparators
-        name = left.attr if isinstance(left, ast.Attribute) else getattr(left, "id", "")
-        if not ("a2a" in name and len(comps) == 1 and isinstance(comps[0], ast.Constant)
-                and comps[0].value == "flashinfer" and isinstance(node.test.ops[0], ast.Eq)):
-            continue
-        for stmt in node.body:
-            if isinstance(stmt, ast.Assert) and _names(stmt.test) & _TOPOLOGY_NAMES:
-                return stmt.test, stmt.lineno
-    return None
-
-
 @dataclass(frozen=True)
 class Scheduler:
     """The scheduler-side functions of one release, each with where it came from."""
@@ -167,10 +131,9 @@ class Scheduler:
                          global_num_tokens=None if skip else counts,
                          global_num_tokens_for_logprob=None if skip else counts)
         batch = _Anything()
-        if self.update_gather_batch is None:
-            batch.global_num_tokens = info.global_num_tokens if require_gather else [info.num_tokens]
-        else:
-            self.update_gather_batch(batch, info, require_gather)
+        if self.update_gather_batch is None:  # dispatcher.companions refuses such a tree
+            raise LookupError(f"no _update_gather_batch() to run ({self.sources['gather']})")
+        self.update_gather_batch(batch, info, require_gather)
         return batch.global_num_tokens
 
     def dp_global(self, world: World, ctx: SGLangContext, rank: int, require_gather: bool):
@@ -212,10 +175,10 @@ class Scheduler:
         return [max(1, n - ctx.stale_by) if n else 0 for n in listed]
 
 
-def _source(path: Optional[Path], name: str, fn) -> str:
+def _source(path: Optional[Path], name: str, fn, standin: str = "") -> str:
     if fn is None or path is None:
-        return NEWEST if path is None else f"not in {_rel(path)}: the stand-in"
-    return f"{_rel(path)}:{fn.__code__.co_firstlineno} {name}()"
+        return f"no {name}() in the tree: the release has none"
+    return f"{_rel(path)}:{fn.__code__.co_firstlineno} {name}(){standin}"
 
 
 def _rel(path: Path) -> str:
@@ -223,33 +186,27 @@ def _rel(path: Path) -> str:
     return p[p.index("sglang/srt/"):] if "sglang/srt/" in p else p
 
 
-def _topology(main: Path, namespace: Dict[str, object]) -> Tuple[Callable, str]:
-    hook = fetch.companion_file(main, fetch.MOE_HOOK)
-    server_args = fetch.companion_file(main, fetch.SERVER_ARGS)
-    if hook is None and server_args is None:
-        return (lambda c: _newest_topology(**_topology_kwargs(c))), NEWEST
+def _topology(companions: Companions, namespace: Dict[str, object], standin: str
+              ) -> Tuple[Callable, str]:
+    hook = companions.source("_flashinfer_a2a_topology_is_supported")
     if hook is not None:
         fn = companion_function(hook, "_flashinfer_a2a_topology_is_supported", namespace)
-        if fn is not None:
-            return (lambda c: bool(fn(**_topology_kwargs(c)))), _source(
-                hook, "_flashinfer_a2a_topology_is_supported", fn)
-    for path in (hook, server_args):
-        found = None if path is None else _flashinfer_assert(path)
-        if found is None:
-            continue
-        test, line = found
-        code = compile(ast.Expression(test), str(path), "eval")
+        return (lambda c: bool(fn(**_topology_kwargs(c)))), _source(
+            hook, "_flashinfer_a2a_topology_is_supported", fn, standin)
+    path = companions.source(TOPOLOGY_ASSERT)
+    if path is None:  # 0.5.10-0.5.12: no check at all
+        return (lambda c: True), "no FlashInfer A2A topology check in the release: every topology"
+    test, line = flashinfer_assert(path)
+    code = compile(ast.Expression(test), str(path), "eval")
 
-        def check(c: ServerConfig, code=code) -> bool:
-            cfg = _Anything(**{k: getattr(c, k) for k in ServerConfig.__dataclass_fields__},
-                            attn_dp_size=c.attn_dp_size)
-            scope = dict(namespace, self=cfg, cfg=cfg, server_args=cfg,
-                         resolved_view=lambda a: a,
-                         attn_dp_enabled_of=lambda a: a.enable_dp_attention)
-            return bool(eval(code, scope))  # the release's own expression, its names answered
-        return check, f"{_rel(path)}:{line} assert under moe_a2a_backend == \"flashinfer\""
-    where = _rel(hook or server_args)
-    return (lambda c: True), f"no FlashInfer A2A topology check in {where}: every topology"
+    def check(c: ServerConfig) -> bool:
+        cfg = _Anything(**{k: getattr(c, k) for k in ServerConfig.__dataclass_fields__},
+                        attn_dp_size=c.attn_dp_size)
+        scope = dict(namespace, self=cfg, cfg=cfg, server_args=cfg,
+                     resolved_view=lambda a: a,
+                     attn_dp_enabled_of=lambda a: a.enable_dp_attention)
+        return bool(eval(code, scope))  # the release's own expression, its names answered
+    return check, f"{_rel(path)}:{line} assert under moe_a2a_backend == \"flashinfer\"{standin}"
 
 
 def _topology_kwargs(c: ServerConfig) -> dict:
@@ -258,31 +215,29 @@ def _topology_kwargs(c: ServerConfig) -> dict:
                 enable_layernorm_sp=c.enable_layernorm_sp)
 
 
-def load_scheduler(main: Path, namespace: Dict[str, object]) -> Scheduler:
-    """The scheduler-side functions of the tree ``main`` (the dispatcher file) sits in, compiled
-    alone in ``namespace`` (the stand-ins answer their module-level names, e.g. ``envs``)."""
-    topology, topo_source = _topology(main, namespace)
-    dp_attn = next((p for p in (fetch.companion_file(main, f) for f in fetch.DP_ATTN) if p), None)
-    spec = fetch.companion_file(main, fetch.SPEC_INFO)
+def load_scheduler(companions: Companions, namespace: Dict[str, object]) -> Scheduler:
+    """The scheduler-side functions from ``companions`` (the tree's, or the files standing in
+    for them), each compiled alone in ``namespace`` (the stand-ins answer their module-level
+    names, e.g. ``envs``)."""
+    standin = f" ({companions.tag})" if companions.tag else ""
+    topology, topo_source = _topology(companions, namespace, standin)
 
-    def get(path, name):
-        return None if path is None else companion_function(path, name, namespace)
+    def get(name):
+        path = companions.source(name)
+        return path, (None if path is None else companion_function(path, name, namespace))
 
-    update = get(dp_attn, "_update_gather_batch")
-    skip = get(dp_attn, "should_skip_scheduler_all_gather")
-    scale = get(spec, "spec_scale_global_num_tokens")
-    if dp_attn is not None and skip is None:
-        skip_source = f"not in {_rel(dp_attn)}: SGLANG_SCHEDULER_SKIP_ALL_GATHER alone"
-    else:
-        skip_source = _source(dp_attn, "should_skip_scheduler_all_gather", skip)
-    if spec is not None and scale is None:
-        scale_source = (f"not in {_rel(spec)}: SpecInput.get_spec_adjusted_global_num_tokens, "
-                        f"requests x tokens per request")
-    else:
-        scale_source = _source(spec, "spec_scale_global_num_tokens", scale)
+    dp_attn, update = get("_update_gather_batch")
+    skip_path, skip = get("should_skip_scheduler_all_gather")
+    spec, scale = get("spec_scale_global_num_tokens")
+    skip_source = (_source(skip_path, "should_skip_scheduler_all_gather", skip, standin) if skip
+                   else "no should_skip_scheduler_all_gather() in the release: "
+                        "SGLANG_SCHEDULER_SKIP_ALL_GATHER alone")
+    scale_source = (_source(spec, "spec_scale_global_num_tokens", scale, standin) if scale
+                    else "no spec_scale_global_num_tokens() in the release: "
+                         "SpecInput.get_spec_adjusted_global_num_tokens, requests x tokens per request")
     return Scheduler(topology, update, skip, scale, {
         "topology": topo_source,
-        "gather": _source(dp_attn, "_update_gather_batch", update),
+        "gather": _source(dp_attn, "_update_gather_batch", update, standin),
         "skip_all_gather": skip_source,
         "spec_scale": scale_source,
     })

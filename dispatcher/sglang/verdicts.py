@@ -27,14 +27,11 @@ from ..model.world import World
 from .classes import BUG_CLASSES, BUGS, HAZARDS, check_step
 from .fetch import ReleaseError
 from .loader import SGLangRelease, release_from_spec
+from .sources import RELEASES
 
 __all__ = ["RELEASES", "CLASS_EXAMPLES", "PROPERTY_EXAMPLES", "Verdict", "class_verdicts",
            "property_verdicts", "tables", "main"]
 
-# Every release on the package index whose dispatcher file differs from the one before
-# (0.5.11 = 0.5.10, 0.5.21 = 0.5.20, byte for byte).
-RELEASES = ("0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18",
-            "0.5.19", "0.5.20", "0.5.22", "0.5.23")
 CLASS_EXAMPLES = 300
 PROPERTY_EXAMPLES = 1500
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..companions import Needed
 from ..wheels import Package, ReleaseError
 
-__all__ = ["ReleaseError", "PACKAGE", "ONE_SIDED", "TWO_SIDED", "FORWARD_CONTEXT", "CACHE_ENV"]
+__all__ = ["ReleaseError", "RELEASES", "NEEDED", "VERSION_FILES", "PACKAGE", "ONE_SIDED", "TWO_SIDED", "FORWARD_CONTEXT", "CACHE_ENV"]
 
 _FUSED_MOE = "vllm/model_executor/layers/fused_moe"
 # The one-sided (MoeAlltoAll) prepare/finalize: in prepare_finalize/ since 0.19, beside the
@@ -22,6 +23,14 @@ TWO_SIDED = (f"{_FUSED_MOE}/prepare_finalize/flashinfer_nvlink_two_sided.py",
 # Where the per-rank token counts prepare() reads are computed: DPMetadata and the SP split
 # (``_compute_sp_num_tokens``), run from the release itself.
 FORWARD_CONTEXT = "vllm/forward_context.py"
+# Releases whose one-sided file differs from the one before (0.19 = 0.18 moved into
+# prepare_finalize/; 0.20 adds asserts; 0.24 the payload-index API; 0.28 combine_into;
+# 0.32 the DP=1 branch; 0.33 the moe_ep wrapper). 0.18.0 keeps the old layout.
+RELEASES = ("0.18.0", "0.20.0", "0.24.0", "0.28.0", "0.32.0", "0.33.0")
+VERSION_FILES = ("vllm/_version.py",)  # what release a tree says it is (written at build)
+# vLLM's own code the gate runs beside the prepare/finalize file (dispatcher.companions)
+NEEDED = (Needed("_compute_sp_num_tokens", (FORWARD_CONTEXT,), "0.18.0",
+                 decides="each rank's share of its DP rank's tokens under SP"),)
 CACHE_ENV = "A2A_GATE_VLLM_CACHE"
 PACKAGE = Package("vllm", ONE_SIDED, (FORWARD_CONTEXT,) + TWO_SIDED, CACHE_ENV,
                   "vLLM's flashinfer_nvlink_one_sided.py", Path(__file__).with_name("pins.json"))

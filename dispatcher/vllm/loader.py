@@ -36,10 +36,11 @@ from ..model.vllm_world import as_vllm_world, not_producible
 from ..model.generations import active
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..wheels import ReleaseError, companion_function, exec_engine_file, reentrant, sha256
+from ..companions import Companions, companion_function, resolve
+from ..wheels import ReleaseError, exec_engine_file, reentrant, sha256
 from . import fetch
-from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, compute_sp_fallback,
-                       current, stand_in_modules)
+from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, current,
+                       stand_in_modules)
 
 __all__ = ["SIDES", "Outcome", "VLLMRelease", "BoundVLLMStep", "VLLMError", "load_release",
            "release_from_spec"]
@@ -95,7 +96,8 @@ class VLLMRelease:
     loaded: Dict[str, object]  # FlashInfer generation -> the file executed against it
     sha256: str
     side: str
-    compute_sp: Callable = compute_sp_fallback
+    compute_sp: Callable = None  # vLLM's _compute_sp_num_tokens (dispatcher.companions)
+    companions: Optional[Companions] = None
     _instances: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict, repr=False)
     _inputs: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
     MAX_INSTANCES = 16384  # one per rank and layer shape; cheap objects
@@ -269,6 +271,7 @@ class BoundVLLMStep:
         self.outcomes: Optional[List[Outcome]] = None
         self._served: set = set()
         self.spec = release.spec
+        self.replay_args = release.companions.replay_flag if release.companions else ""
 
     def __call__(self, view: RankView) -> int:
         rank = view.ep_rank
@@ -307,39 +310,47 @@ def _ranges(ranks: List[int]) -> str:
         f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else str(ranks))
 
 
-_LOADED: Dict[str, VLLMRelease] = {}
+_LOADED: Dict[tuple, VLLMRelease] = {}
+_MODULES: Dict[str, object] = {}
 
 
 def _exec(path: Path, digest: str, version: str):
     name = f"_a2a_gate_vllm_{digest[:16]}_{version.replace('.', '_')}"
-    return exec_engine_file(path, name, _sandbox(), "vllm")
+    if name not in _MODULES:
+        _MODULES[name] = exec_engine_file(path, name, _sandbox(), "vllm")
+    return _MODULES[name]
+
+
+def companions_of(path: Path) -> Companions:
+    """Where the vLLM code beside ``path`` comes from (``dispatcher.companions``)."""
+    return resolve(fetch.PACKAGE, path, fetch.NEEDED, fetch.RELEASES, "vLLM",
+                   release=fetch.PACKAGE.release_of(path), version_files=fetch.VERSION_FILES)
 
 
 def load_release(path, label: Optional[str] = None) -> VLLMRelease:
-    """Load one vLLM prepare/finalize file (once per content hash per process)."""
+    """Load one vLLM prepare/finalize file with the vLLM code beside it (once per content of
+    both per process)."""
     path = Path(path).resolve()
     if not path.is_file() or path.suffix != ".py":
         raise ReleaseError(f"vllm:{path}: expected vLLM's flashinfer_nvlink_one_sided.py (or "
                            f"two_sided), a vLLM checkout, a wheel or a release version")
     digest = sha256(path)
-    if digest in _LOADED:
-        return _LOADED[digest]
+    companions = companions_of(path)
+    key = (digest, companions.key, label or str(path))
+    if key in _LOADED:
+        return _LOADED[key]
     module = _exec(path, digest, active().version)
     side = next((s for s, cls in SIDES.items() if isinstance(getattr(module, cls, None), type)), None)
     if side is None:
         raise ReleaseError(f"vllm:{path} defines neither {' nor '.join(SIDES.values())}: it is "
                            f"not vLLM's FlashInfer NVLink prepare/finalize file")
-    forward_context = None
-    root = fetch.PACKAGE.root_of(path)
-    if root is not None and (root / fetch.FORWARD_CONTEXT).is_file():
-        forward_context = root / fetch.FORWARD_CONTEXT
     import torch
 
-    split = (companion_function(forward_context, "_compute_sp_num_tokens", {"torch": torch})
-             if forward_context else None)
+    source = companions.source("_compute_sp_num_tokens")
+    split = companion_function(source, "_compute_sp_num_tokens", {"torch": torch})
     release = VLLMRelease(path, label or str(path), {active().version: module}, digest, side,
-                          split or compute_sp_fallback)
-    _LOADED[digest] = release
+                          split, companions=companions)
+    _LOADED[key] = release
     return release
 
 

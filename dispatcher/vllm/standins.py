@@ -265,11 +265,4 @@ def _stand_in_modules(version: str) -> Dict[str, types.ModuleType]:
     return mods
 
 
-def compute_sp_fallback(num_tokens_across_dp, sequence_parallel_size: int, *a, **k):
-    """vLLM's ``_compute_sp_num_tokens`` where the tree under test has no forward_context.py:
-    every DP rank's count split with ceil over its SP ranks (forward_context.py, 0.18-0.33)."""
-    sp = sequence_parallel_size
-    return [-(-int(n) // sp) for n in num_tokens_across_dp for _ in range(sp)]
-
-
 ComputeSp = Callable[..., list]

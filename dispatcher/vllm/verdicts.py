@@ -18,15 +18,12 @@ from strategies.vllm import VLLM_REGIMES, vllm_worlds
 
 from ..model.properties import broken_columns
 from ..model.world import World
+from .fetch import RELEASES
 from .loader import VLLMRelease, release_from_spec
 
 __all__ = ["RELEASES", "REGIME_EXAMPLES", "Verdict", "broken_columns", "regime_verdicts",
            "tables", "TWO_SIDED_REGIMES"]
 
-# Releases whose one-sided file differs from the one before (0.19 = 0.18 moved into
-# prepare_finalize/; 0.20 adds asserts; 0.24 the payload-index API; 0.28 combine_into;
-# 0.32 the DP=1 branch; 0.33 the moe_ep wrapper). 0.18.0 keeps the old layout.
-RELEASES = ("0.18.0", "0.20.0", "0.24.0", "0.28.0", "0.32.0", "0.33.0")
 REGIME_EXAMPLES = 300
 TWO_SIDED_REGIMES = ("any", "dp-only", "dp-padding")  # no SP split, needs DP metadata
 

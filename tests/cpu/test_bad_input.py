@@ -20,6 +20,7 @@ from dispatcher.model.properties import RuleBudget, RuleCrashed, SlowRule
 from dispatcher.model.world import World
 from dispatcher.policies import PolicyError, load_policy
 from dispatcher.sglang import fetch
+from dispatcher.sglang.sources import RELEASES
 from dispatcher.model.generations import replay_flag  # noqa: E402
 
 WORLD = World(ep_size=4, dp_size=2, group_tokens=(5, 2), max_num_tokens=8)
@@ -139,8 +140,14 @@ def test_bad_sglang_targets_are_policy_errors(tmp_path, monkeypatch):
     ]:
         with pytest.raises(PolicyError, match=words.replace("(", r"\(")):
             load_policy(f"sglang:{target}")
-    # a wheel without a version in its name is still a wheel: labelled by its file name
-    nameless = _wheel(tmp_path / "mybuild.whl", {fetch.RELEASE_FILE: "class FlashinferDispatcher:\n    pass\n"})
+    # a wheel without a version in its name is still a wheel: labelled by its file name (with
+    # the SGLang code the gate runs beside the dispatcher, as a real wheel has it)
+    monkeypatch.delenv(fetch.CACHE_ENV)
+    root = fetch.PACKAGE.root_of(fetch.fetch_release(RELEASES[-1]))
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    files = {rel: (root / rel).read_text() for rel in fetch.COMPANIONS if (root / rel).is_file()}
+    nameless = _wheel(tmp_path / "mybuild.whl", {
+        **files, fetch.RELEASE_FILE: "class FlashinferDispatcher:\n    pass\n"})
     assert "mybuild.whl" in load_policy(f"sglang:{nameless}")[1].label
 
 
@@ -220,6 +227,10 @@ def test_bad_vllm_targets_are_policy_errors(tmp_path, monkeypatch):
     one_sided = checkout / vfetch.ONE_SIDED[0]
     one_sided.parent.mkdir(parents=True)
     one_sided.write_text("class FlashInferNVLinkOneSidedPrepareAndFinalize:\n    pass\n")
+    monkeypatch.delenv(vfetch.CACHE_ENV)  # the vLLM code beside it, as a checkout has it
+    newest = vfetch.PACKAGE.root_of(vfetch.PACKAGE.fetch_release(vfetch.RELEASES[-1]))
+    monkeypatch.setenv(vfetch.CACHE_ENV, str(tmp_path / "vcache"))
+    (checkout / vfetch.FORWARD_CONTEXT).write_bytes((newest / vfetch.FORWARD_CONTEXT).read_bytes())
     for target, words in [
         ("0.33.0@three-sided", "selects no backend"),
         (empty, "holds no vllm/model_executor/layers/fused_moe/prepare_finalize/flashinfer_nvlink_one_sided.py"),

@@ -4,6 +4,7 @@ commit that makes it size the A2A from the smallest DP group instead of the larg
 command must name that commit, the failing test and its replay line, and leave the checkout
 as it found it."""
 import importlib.util
+import shutil
 import subprocess
 import sys
 
@@ -33,12 +34,13 @@ def _commit(repo, message):
 
 @pytest.fixture
 def history(tmp_path):
-    good_text = fetch.fetch_release(RELEASES[-1]).read_text()
+    newest = fetch.fetch_release(RELEASES[-1])
+    good_text = newest.read_text()
     repo = tmp_path / "sglang"
     target = repo / "python" / fetch.RELEASE_FILE
-    target.parent.mkdir(parents=True)
     _git(tmp_path, "init", "-q", str(repo))
-    target.write_text(good_text)
+    shutil.copytree(fetch.PACKAGE.root_of(newest) / "sglang", repo / "python" / "sglang")
+    (repo / "python" / "sglang" / "version.py").write_text(f'__version__ = "{RELEASES[-1]}"\n')
     shas = {"good": _commit(repo, "the newest release's dispatcher")}
     target.unlink()
     (repo / "README").write_text("moved away for a while\n")

@@ -1,7 +1,17 @@
-"""No false alarm: SGLang's newest pinned dispatcher file, unmodified (as a lone file and as a
-checkout-shaped tree), and with edits that change nothing SGLang can reach, passes the SGLang
-tests and the property tests; an edit SGLang can reach still fails them. Run end to end through
-pytester, as a user runs ``pytest --policy=sglang:PATH``."""
+"""No false alarm on SGLang's own files, unmodified or edited in ways SGLang cannot tell apart;
+an edit SGLang can reach still fails.
+
+The gate's verdict on an SGLang file depends on the file only through what it runs: the file's
+bytes and the SGLang code beside it (``dispatcher.companions``: the key of a loaded release).
+So a copy whose key is its release's gets its release's verdict, which the suite measures on
+every run (tests/sglang/test_releases.py holds each release to its row of docs/sglang.md, and
+the SGLang tier gates the newest release by default). These tests check that key in-process for
+every pinned release that ships no bug class, as a lone file and as a checkout tree, in both
+load orders (a copy loaded first must not lend its stand-ins to the release: the false alarm
+lone copies of 0.5.19-0.5.22 once raised); compare an edited file's outcomes with the
+release's on the SGLang tier's own regimes; and run the gate end to end once, on an edit that
+must fail.
+"""
 import re
 import shutil
 
@@ -11,12 +21,18 @@ from .. import copy_suite
 
 pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0")
 
+from dispatcher.policies import load_policy  # noqa: E402
 from dispatcher.sglang import fetch  # noqa: E402
-from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
+from dispatcher.sglang.classes import BUGS  # noqa: E402
+from dispatcher.sglang import loader  # noqa: E402
+from dispatcher.sglang.sources import RELEASES  # noqa: E402
+from strategies import sglang_steps  # noqa: E402
+from strategies.search import first_in, visited  # noqa: E402
 
 pytestmark = pytest.mark.engine_releases("sglang")  # SGLang's files: on the FlashInfer they call
 
 NEWEST = RELEASES[-1]
+CLEAN = ("0.5.19", "0.5.20", "0.5.22", "0.5.23")  # pinned releases that ship no bug class
 # Edits of 0.5.23's sizing code that SGLang cannot tell apart: its counts are already padded
 # to attn_tp (floor == ceil), and a one-entry list never reaches the multi-entry branch with a
 # value other than x.shape[0] (SP rows are uniform; DP attention always gathers every group).
@@ -27,28 +43,50 @@ PRESERVING = {
                        "if dp_global is not None and len(dp_global) >= 1:"),
 }
 OBSERVABLE = ("max_dp_tokens = max(dp_global_num_tokens)", "max_dp_tokens = min(dp_global_num_tokens)")
+STEPS = 150  # per regime, as tests/sglang/test_releases.py searches each class's
 
 
-@pytest.fixture(scope="module")
-def newest_tree():
-    """The newest pinned release's verified files (the dispatcher and its companions)."""
+def _tree(version):
     try:
-        main = fetch.fetch_release(NEWEST)
+        return fetch.PACKAGE.root_of(fetch.fetch_release(version))
     except fetch.ReleaseError as exc:
-        pytest.fail(f"SGLang {NEWEST} unavailable: {exc}")
-    return fetch.PACKAGE.root_of(main)
+        pytest.fail(f"SGLang {version} unavailable: {exc}")
 
 
-def _run(pytester, monkeypatch, policy: str, *tests: str):
-    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
-    copy_suite(pytester.path, "cpu", "sglang")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-q",
-                                           f"--policy=sglang:{policy}", *tests)
-    return result, result.stdout.str() + result.stderr.str()
+def _copy(version, shape, dest):
+    """A copy of the release's dispatcher file: alone in a folder, or in a checkout tree."""
+    tree = _tree(version)
+    if shape == "lone":
+        dest.mkdir()
+        shutil.copy(tree / fetch.RELEASE_FILE, dest / "flashinfer.py")
+        return dest / "flashinfer.py"
+    shutil.copytree(tree / "sglang", dest / "python" / "sglang")
+    (dest / "python" / "sglang" / "version.py").write_text(f'__version__ = "{version}"\n')
+    return dest
 
 
-def _edited(newest_tree, tmp_path, edits):
-    text = (newest_tree / fetch.RELEASE_FILE).read_text()
+@pytest.mark.parametrize("first", ["copy", "release"])
+@pytest.mark.parametrize("shape", ["lone", "tree"])
+@pytest.mark.parametrize("version", CLEAN)
+def test_a_copy_of_a_release_runs_that_releases_code(version, shape, first, tmp_path, monkeypatch):
+    """Byte for byte the same code as the release, whichever is loaded first: the same key,
+    so the same verdict; the header says where the code beside a lone copy comes from."""
+    monkeypatch.setattr(loader, "_LOADED", {})  # both loaded afresh, in this order
+    target = _copy(version, shape, tmp_path / "copy")
+    order = ["copy", "release"] if first == "copy" else ["release", "copy"]
+    loaded = {who: load_policy(f"sglang:{target}" if who == "copy" else f"sglang:{version}")[1]
+              for who in order}
+    copy, release = loaded["copy"], loaded["release"]
+    assert copy.companions.key == release.companions.key and copy.sha256 == release.sha256
+    assert not release.companions.standin and not copy.companions.standin
+    assert release.hooks.scheduler.sources == copy.hooks.scheduler.sources
+    if shape == "lone":
+        assert copy.companions.origin == (f"identical to SGLang {version}'s file; its "
+                                          f"companions from the release")
+
+
+def _edited(tmp_path, edits):
+    text = (_tree(NEWEST) / fetch.RELEASE_FILE).read_text()
     for old, new in edits:
         assert text.count(old) == 1, f"{old!r} not once in {NEWEST}'s file"
         text = text.replace(old, new)
@@ -58,34 +96,40 @@ def _edited(newest_tree, tmp_path, edits):
     return out
 
 
-def test_unmodified_lone_file_passes(pytester, monkeypatch, newest_tree, tmp_path):
-    lone = tmp_path / "lone" / "flashinfer.py"
-    lone.parent.mkdir()
-    shutil.copy(newest_tree / fetch.RELEASE_FILE, lone)
-    result, text = _run(pytester, monkeypatch, str(lone), "tests/sglang/test_engine_steps.py",
-                        "tests/cpu/test_sizing_properties.py")
-    assert result.ret == pytest.ExitCode.OK, text[-4000:]
-    assert " skipped" not in text.splitlines()[-1], text[-2000:]
+@pytest.mark.parametrize("regime", ["any", *BUGS])
+def test_behaviour_preserving_edits_do_what_the_release_does(regime, tmp_path):
+    """On the SGLang tier's own regimes, every rank of the edited file (a lone file, so the
+    newest release's code stands in beside it, as the header says) does exactly what the
+    release does: the same launches, the same routing, the same errors."""
+    edited = load_policy(f"sglang:{_edited(tmp_path, PRESERVING.values())}")[1]
+    release = load_policy(f"sglang:{NEWEST}")[1]
+    assert edited.companions.standin and "matching no pinned release" in edited.companions.origin
+    assert edited.companions.key == release.companions.key
+
+    def differs(step):
+        try:
+            mine = edited.step(*step)
+        except Exception as exc:  # NotApplicable: a step neither runs
+            mine = type(exc).__name__
+        try:
+            theirs = release.step(*step)
+        except Exception as exc:
+            theirs = type(exc).__name__
+        return mine != theirs
+    hit = first_in(visited(sglang_steps(regime), STEPS), differs)
+    assert hit is None, f"the edited file differs from {NEWEST} on {hit!r}"
 
 
-def test_unmodified_checkout_passes(pytester, monkeypatch, newest_tree, tmp_path):
-    """A checkout-shaped tree (``python/sglang/srt/...``): the companions beside the file are
-    read, so SGLang's own scheduler functions and server-arg checks run."""
-    checkout = tmp_path / "sglang-checkout"
-    shutil.copytree(newest_tree / "sglang", checkout / "python" / "sglang")
-    result, text = _run(pytester, monkeypatch, str(checkout), "tests/sglang/test_engine_steps.py")
-    assert result.ret == pytest.ExitCode.OK, text[-4000:]
-
-
-def test_behaviour_preserving_edits_pass(pytester, monkeypatch, newest_tree, tmp_path):
-    edited = _edited(newest_tree, tmp_path, PRESERVING.values())
-    result, text = _run(pytester, monkeypatch, str(edited), "tests/sglang/test_engine_steps.py")
-    assert result.ret == pytest.ExitCode.OK, text[-4000:]
-
-
-def test_an_observable_edit_still_fails(pytester, monkeypatch, newest_tree, tmp_path):
-    edited = _edited(newest_tree, tmp_path, [OBSERVABLE])
-    result, text = _run(pytester, monkeypatch, str(edited), "-x",
-                        "tests/sglang/test_engine_steps.py")
+def test_an_observable_edit_fails_the_gate_end_to_end(pytester, monkeypatch, tmp_path):
+    """The user's command, as a user runs it: fails, with a replay line naming the file."""
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
+    copy_suite(pytester.path, "cpu", "sglang")
+    edited = _edited(tmp_path, [OBSERVABLE])
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-x",
+                                           f"--policy=sglang:{edited}",
+                                           "tests/sglang/test_engine_steps.py",
+                                           "-k", "test_engine_in_every_context")
+    text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, text[-4000:]
     assert re.search(r"replay: python -m dispatcher( --flashinfer=\S+)? --policy", text)
+    assert "standing in" in text  # the message says whose code stood in beside the file

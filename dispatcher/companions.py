@@ -1,0 +1,236 @@
+"""The files beside an engine's dispatcher file whose functions decide what the dispatcher sees,
+and where each one the gate runs came from.
+
+An engine policy runs one file (SGLang's ``flashinfer.py``, vLLM's prepare/finalize) and a few
+functions of the files beside it (SGLang's scheduler gather, server-arg checks and cap; vLLM's
+SP split). ``resolve`` finds them:
+
+- **a tree** (a checkout, a wheel, a cached release): each function from the tree itself. One
+  the tree's release should have (``Needed``: the function, its homes, the first and last
+  pinned release that has it, checked against every pinned release by tests/meta) but that is
+  missing or renamed is a ``ReleaseError`` naming the path and function: the gate never lets
+  a default answer silently where the engine's own code was moved. ``newest_ok`` (the
+  ``--newest-companions`` option, carried to workers and ranks by ``NEWEST_ENV``) lets the
+  newest pinned release's function stand in instead, and says so.
+- **a lone file** byte-identical to a pinned release's dispatcher file: that release's own
+  files from the verified cache ("identical to SGLang 0.5.19's file; its companions from the
+  release").
+- **a lone file** matching no release: the newest pinned release's files stand in, and every
+  header and message says so.
+
+Files are parsed from bytes, so a UTF-8 BOM or a coding declaration reads as Python does.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+from .wheels import Package, ReleaseError, sha256
+
+__all__ = ["Needed", "Companions", "resolve", "NEWEST_ENV", "newest_allowed", "read_version",
+           "defines", "parse", "companion_function"]
+
+NEWEST_ENV = "A2A_GATE_NEWEST_COMPANIONS"
+
+
+def newest_allowed() -> bool:
+    """Whether the session asked for the newest release's functions to stand in for ones
+    missing from a tree (``--newest-companions``)."""
+    return os.environ.get(NEWEST_ENV, "") == "1"
+
+
+def _version_key(version: str):
+    from packaging.version import Version
+
+    return Version(version)
+
+
+def parse(path: Path) -> ast.Module:
+    """``path`` parsed as Python parses a source file (bytes: a BOM or coding line honoured);
+    an unreadable or invalid file is a ``ReleaseError`` naming it."""
+    try:
+        return ast.parse(Path(path).read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ReleaseError(f"{path}: cannot be read as Python ({type(exc).__name__}: "
+                           f"{exc})") from None
+
+
+def defines(path: Path, name: str) -> bool:
+    """Whether ``path`` defines a top-level function ``name``."""
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+               for n in parse(path).body)
+
+
+class Unevaluated:
+    """Stands for a default argument of a companion function that is not a literal: it is not
+    evaluated when the function is compiled alone (nothing of the file runs but the body)."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def __repr__(self):
+        return f"<default {self.source} not evaluated>"
+
+
+def companion_function(path: Path, name: str, namespace: Dict[str, object]) -> Optional[Callable]:
+    """Function ``name`` of the file at ``path``, compiled alone in ``namespace`` (the
+    stand-ins answer its module-level names): annotations and decorators dropped, defaults
+    that are not literals replaced by ``Unevaluated``, so no code of the file but the
+    function's body ever runs; None if the file has none."""
+    for node in parse(path).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+                arg.annotation = None
+            node.returns = None
+            node.decorator_list = []
+            namespace = dict(namespace)
+            for defaults in (node.args.defaults, node.args.kw_defaults):
+                for i, default in enumerate(defaults):
+                    if default is not None and not isinstance(default, ast.Constant):
+                        slot = f"_a2a_gate_default_{len(namespace)}_{i}"
+                        namespace[slot] = Unevaluated(ast.unparse(default))
+                        defaults[i] = ast.Name(slot, ast.Load())
+            node = ast.fix_missing_locations(node)
+            exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+            return namespace[name]
+    return None
+
+
+@dataclass(frozen=True)
+class Needed:
+    """One piece of an engine's own code the gate runs from beside the dispatcher file."""
+
+    key: str  # the function's name, or a name for a check that is no function
+    files: Tuple[str, ...]  # its homes in the tree, newest first
+    since: str  # the first pinned release that has it
+    until: Optional[str] = None  # the last pinned release that has it (None: still there)
+    decides: str = ""  # what it decides, for messages
+    finder: Optional[Callable[[Path], bool]] = None  # for a check that is no function
+
+    def found_in(self, path: Path) -> bool:
+        return self.finder(path) if self.finder else defines(path, self.key)
+
+    def expected_in(self, version: str) -> bool:
+        v = _version_key(version)
+        return _version_key(self.since) <= v and (self.until is None
+                                                 or v <= _version_key(self.until))
+
+    @property
+    def shown(self) -> str:
+        return f"{self.key}()" if self.finder is None else self.key
+
+
+@dataclass(frozen=True)
+class Companions:
+    """Where each ``Needed`` of one dispatcher file comes from."""
+
+    sources: Tuple[Tuple[str, Optional[Path]], ...]  # Needed.key -> the file that holds it
+    origin: str  # one line for the report header and messages
+    standin: bool  # True where another release's files answer for this file's own
+    key: Tuple[Tuple[str, str], ...]  # (key, sha256 of its file): what the behaviour rests on
+    tag: str = ""  # where stand-ins answer: "SGLang 0.5.23's, standing in", for each source line
+    replay_flag: str = ""  # " --newest-companions" where the replay line needs it
+
+    def source(self, key: str) -> Optional[Path]:
+        return dict(self.sources).get(key)
+
+
+def read_version(root: Path, version_files: Sequence[str]) -> Optional[str]:
+    """The release a tree says it is (``__version__ = "..."`` in its version file), or None."""
+    for rel in version_files:
+        path = root / rel
+        try:
+            text = path.read_bytes()[:65536].decode("utf-8", "replace")
+        except OSError:
+            continue
+        found = re.search(r"""^\s*__version__\s*(?::\s*str\s*)?=\s*(?:\w+\s*=\s*)?["']([^"']+)["']""", text, re.M)
+        if found:
+            try:
+                _version_key(found.group(1))
+            except ValueError:
+                return None
+            return found.group(1)
+    return None
+
+
+def _find(needed: Needed, root: Path) -> Optional[Path]:
+    for rel in needed.files:
+        path = root / rel
+        if path.is_file() and needed.found_in(path):
+            return path
+    return None
+
+
+def _digests(sources: Dict[str, Optional[Path]]) -> Tuple[Tuple[str, str], ...]:
+    return tuple(sorted((k, sha256(p)) for k, p in sources.items() if p is not None))
+
+
+def resolve(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequence[str],
+            engine: str, release: Optional[str] = None, newest_ok: Optional[bool] = None,
+            version_files: Sequence[str] = ()) -> Companions:
+    """The ``Companions`` of dispatcher file ``main``. ``release``: the pinned release it is
+    known to be (a cached release: its tree is the release, nothing to check)."""
+    newest_ok = newest_allowed() if newest_ok is None else newest_ok
+    root = package.root_of(main)
+    if root is None:
+        return _lone(package, main, needed, pinned, engine)
+    sources = {n.key: _find(n, root) for n in needed}
+    if release is not None:
+        return Companions(tuple(sources.items()), f"from {engine} {release}'s own files", False,
+                          _digests(sources))
+    version = read_version(root, version_files) or package.wheel_version(root)
+    held_to = version or pinned[-1]
+    missing = [n for n in needed if sources[n.key] is None and n.expected_in(held_to)]
+    if not missing:
+        return Companions(tuple(sources.items()), f"from the tree {root}", False,
+                          _digests(sources))
+    said = (f"the tree says it is {version} ({_rel_version(root, version_files)})" if version
+            else f"the tree has no version file, so it is held to the newest pinned release "
+                 f"{pinned[-1]}")
+    lines = [f"{n.shown} (looked in {', '.join(n.files)}; {engine} has it there from "
+             f"{n.since}{'' if n.until is None else ' to ' + n.until}"
+             f"{': it decides ' + n.decides if n.decides else ''})" for n in missing]
+    if not newest_ok:
+        raise ReleaseError(
+            f"{engine}:{root}: the tree lacks {len(missing)} piece(s) of {engine}'s own code the "
+            f"gate runs beside the dispatcher file, and {said}: " + "; ".join(lines)
+            + f". If they moved or were renamed, the gate needs to learn the new home; to let "
+              f"{engine} {pinned[-1]}'s own code stand in for them, pass --newest-companions")
+    stand_in = package.root_of(package.fetch_release(pinned[-1]))
+    for n in missing:
+        sources[n.key] = _find(n, stand_in)
+    names = ", ".join(n.shown for n in missing)
+    return Companions(tuple(sources.items()),
+                      f"from the tree {root}, except {names}: missing there, {engine} "
+                      f"{pinned[-1]}'s stand in (--newest-companions)", True, _digests(sources),
+                      f"{engine} {pinned[-1]}'s, standing in", " --newest-companions")
+
+
+def _rel_version(root: Path, version_files: Sequence[str]) -> str:
+    return next((rel for rel in version_files if (root / rel).is_file()), "")
+
+
+def _lone(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequence[str],
+          engine: str) -> Companions:
+    digest = sha256(main)
+    pins = package.pins
+    same = [v for v in pinned
+            if any(pins.get(v, {}).get("files", {}).get(rel) == digest for rel in package.main)]
+    release = same[-1] if same else pinned[-1]
+    try:
+        root = package.root_of(package.fetch_release(release))
+    except ReleaseError as exc:
+        raise ReleaseError(f"{engine}:{main} is a lone file: the gate runs {engine} {release}'s "
+                           f"companion files beside it, and they cannot be had: {exc}") from None
+    sources = {n.key: _find(n, root) for n in needed}
+    if same:
+        origin = f"identical to {engine} {release}'s file; its companions from the release"
+    else:
+        origin = (f"a lone file matching no pinned release: {engine} {release}'s companion "
+                  f"files stand in for its own")
+    return Companions(tuple(sources.items()), origin, not same, _digests(sources),
+                      "" if same else f"{engine} {release}'s, standing in")

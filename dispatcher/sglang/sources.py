@@ -1,0 +1,76 @@
+"""SGLang's own code the gate runs beside the dispatcher file, and where each piece lives.
+
+Paths are under ``python/`` in a checkout, at the top of a wheel. ``NEEDED`` is one record per
+piece: its homes, the first and last pinned release that has it (tests/meta/test_companions.py
+checks every pinned release has exactly the pieces this table says), and what it decides.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Optional, Tuple
+
+from ..companions import Needed, parse
+
+__all__ = ["RELEASES", "RELEASE_FILE", "COMMON", "OVERRIDES", "DP_ATTN", "SPEC_INFO", "MOE_HOOK",
+           "SERVER_ARGS", "VERSION_FILES", "COMPANIONS", "NEEDED", "TOPOLOGY_ASSERT",
+           "flashinfer_assert"]
+
+# Every release on the package index whose dispatcher file differs from the one before
+# (0.5.11 = 0.5.10, 0.5.21 = 0.5.20, byte for byte).
+RELEASES = ("0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18",
+            "0.5.19", "0.5.20", "0.5.22", "0.5.23")
+RELEASE_FILE = "sglang/srt/layers/moe/token_dispatcher/flashinfer.py"
+COMMON = "sglang/srt/utils/common.py"  # require_mlp_tp_gather()
+OVERRIDES = "sglang/srt/arg_groups/overrides.py"  # the A2A cap derivation (0.5.22+)
+DP_ATTN = ("sglang/srt/managers/scheduler_components/dp_attn.py",  # the scheduler's DP gather
+           "sglang/srt/managers/scheduler_dp_attn_mixin.py")  # (its 0.5.10-0.5.12 home)
+SPEC_INFO = "sglang/srt/speculative/spec_info.py"  # spec_scale_global_num_tokens (0.5.16+)
+MOE_HOOK = "sglang/srt/arg_groups/moe_hook.py"  # server-arg checks of FlashInfer A2A (0.5.19+)
+SERVER_ARGS = "sglang/srt/server_args.py"  # the same checks before 0.5.19
+VERSION_FILES = ("sglang/version.py",)  # what release a tree says it is
+COMPANIONS = (COMMON, OVERRIDES) + DP_ATTN + (SPEC_INFO, MOE_HOOK, SERVER_ARGS)
+
+_TOPOLOGY_NAMES = {"dp_size", "tp_size", "attn_dp_size", "enable_dp_attention", "attn_dp_enabled_of"}
+
+
+def _names(node: ast.AST) -> set:
+    return {getattr(n, "attr", None) or getattr(n, "id", None) for n in ast.walk(node)}
+
+
+def flashinfer_assert(path: Path) -> Optional[Tuple[ast.expr, int]]:
+    """The first ``assert`` on the topology (it reads dp/tp sizes or DP attention) directly
+    under ``if <...a2a...> == "flashinfer":`` in ``path`` (how 0.5.13-0.5.22 refuse a
+    topology), with its line."""
+    for node in ast.walk(parse(path)):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)):
+            continue
+        left, comps = node.test.left, node.test.comparators
+        name = left.attr if isinstance(left, ast.Attribute) else getattr(left, "id", "")
+        if not ("a2a" in name and len(comps) == 1 and isinstance(comps[0], ast.Constant)
+                and comps[0].value == "flashinfer" and isinstance(node.test.ops[0], ast.Eq)):
+            continue
+        for stmt in node.body:
+            if isinstance(stmt, ast.Assert) and _names(stmt.test) & _TOPOLOGY_NAMES:
+                return stmt.test, stmt.lineno
+    return None
+
+
+TOPOLOGY_ASSERT = "the assert under moe_a2a_backend == \"flashinfer\""
+NEEDED = (
+    Needed("require_mlp_tp_gather", (COMMON,), "0.5.10",
+           decides="whether the scheduler gathers every DP group's count"),
+    Needed("_update_gather_batch", DP_ATTN, "0.5.10",
+           decides="the list get_dp_global_num_tokens() returns"),
+    Needed("spec_scale_global_num_tokens", (SPEC_INFO,), "0.5.16",
+           decides="a speculative forward's counts"),
+    Needed("should_skip_scheduler_all_gather", DP_ATTN, "0.5.19",
+           decides="whether the DP all-gather runs"),
+    Needed("flashinfer_a2a_max_dispatch_tokens_per_rank", (OVERRIDES,), "0.5.22",
+           decides="the A2A cap the server derives"),
+    Needed(TOPOLOGY_ASSERT, (MOE_HOOK, SERVER_ARGS), "0.5.13",  # 0.5.23's calls the function
+           decides="which topologies may use FlashInfer's A2A",
+           finder=lambda p: flashinfer_assert(p) is not None),
+    Needed("_flashinfer_a2a_topology_is_supported", (MOE_HOOK,), "0.5.23",
+           decides="which topologies may use FlashInfer's A2A"),
+)

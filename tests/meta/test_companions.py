@@ -1,0 +1,137 @@
+"""The engine code the gate runs beside a dispatcher file (``dispatcher.companions``): the table
+of what each release has is the pinned releases' truth, and a tree that lacks a piece its
+release has is refused by name, never answered by a silent default."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .. import SOURCE
+
+pytest.importorskip("torch", reason="the engines' files need torch: pip install torch==2.13.0")
+
+from dispatcher.companions import NEWEST_ENV  # noqa: E402
+from dispatcher.policies import PolicyError, load_policy  # noqa: E402
+from dispatcher.sglang import fetch, sources  # noqa: E402
+from dispatcher.vllm import fetch as vfetch  # noqa: E402
+
+pytestmark = pytest.mark.engine_releases("sglang")
+
+
+def _root(package, version):
+    try:
+        return package.root_of(package.fetch_release(version))
+    except fetch.ReleaseError as exc:
+        pytest.fail(f"{package.name} {version} unavailable: {exc}")
+
+
+@pytest.mark.parametrize("engine, package, needed, releases", [
+    ("sglang", fetch.PACKAGE, sources.NEEDED, sources.RELEASES),
+    ("vllm", vfetch.PACKAGE, vfetch.NEEDED, vfetch.RELEASES)], ids=["sglang", "vllm"])
+def test_the_table_is_what_every_pinned_release_has(engine, package, needed, releases):
+    for version in releases:
+        root = _root(package, version)
+        for piece in needed:
+            found = [rel for rel in piece.files if (root / rel).is_file()
+                     and piece.found_in(root / rel)]
+            assert bool(found) == piece.expected_in(version), \
+                f"{engine} {version}: {piece.shown} {'found in ' + found[0] if found else 'missing'}" \
+                f", the table says {piece.since}..{piece.until or 'now'}"
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A checkout-shaped copy of the newest SGLang release, as a user's checkout holds it."""
+    import shutil
+
+    root = tmp_path / "sglang"
+    shutil.copytree(_root(fetch.PACKAGE, sources.RELEASES[-1]) / "sglang", root / "python" / "sglang")
+    (root / "python" / "sglang" / "version.py").write_text(f'__version__ = "{sources.RELEASES[-1]}"\n')
+    return root
+
+
+def _file(tree, rel):
+    return tree / "python" / rel
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("remove common.py", "require_mlp_tp_gather() (looked in sglang/srt/utils/common.py"),
+    ("rename require_mlp_tp_gather", "require_mlp_tp_gather()"),
+    ("remove overrides.py", "flashinfer_a2a_max_dispatch_tokens_per_rank()"),
+    ("common.py a symlink loop", "require_mlp_tp_gather()"),
+    ("rename the topology check", "_flashinfer_a2a_topology_is_supported()"),
+])
+def test_a_tree_that_lacks_a_piece_of_its_release_is_refused_by_name(tree, damage, words,
+                                                                    monkeypatch):
+    monkeypatch.delenv(NEWEST_ENV, raising=False)
+    common = _file(tree, sources.COMMON)
+    if damage == "remove common.py":
+        common.unlink()
+    elif damage == "rename require_mlp_tp_gather":
+        common.write_text(common.read_text().replace("def require_mlp_tp_gather(",
+                                                     "def require_mlp_tp_gather_v2("))
+    elif damage == "remove overrides.py":
+        _file(tree, sources.OVERRIDES).unlink()
+    elif damage == "common.py a symlink loop":
+        common.unlink()
+        os.symlink(common, common)
+    else:
+        hook = _file(tree, sources.MOE_HOOK)
+        hook.write_text(hook.read_text().replace("_flashinfer_a2a_topology_is_supported",
+                                                 "_a2a_topology_ok"))
+    with pytest.raises(PolicyError, match="the tree lacks") as info:
+        load_policy(f"sglang:{tree}")
+    assert words in str(info.value) and str(tree) in str(info.value)
+    assert "--newest-companions" in str(info.value)
+    monkeypatch.setenv(NEWEST_ENV, "1")  # asked for explicitly: the newest release's stands in
+    release = load_policy(f"sglang:{tree}")[1]
+    assert release.companions.standin and "(--newest-companions)" in release.companions.origin
+
+
+def test_a_tree_is_held_to_the_release_it_says_it_is(tree, monkeypatch):
+    """An older tree need not have what came later (0.5.19 had no topology function, only the
+    assert), and lacking what its release had (the assert) is refused."""
+    monkeypatch.delenv(NEWEST_ENV, raising=False)
+    (tree / "python" / "sglang" / "version.py").write_text('__version__ = "0.5.19"\n')
+    old = _root(fetch.PACKAGE, "0.5.19")
+    hook = _file(tree, sources.MOE_HOOK)
+    hook.write_bytes((old / sources.MOE_HOOK).read_bytes().replace(
+        b'== "flashinfer"', b'== "flashinfer_v2"'))
+    with pytest.raises(PolicyError, match=r"the tree says it is 0\.5\.19") as info:
+        load_policy(f"sglang:{tree}")
+    assert sources.TOPOLOGY_ASSERT in str(info.value)
+    hook.write_bytes((old / sources.MOE_HOOK).read_bytes())
+    assert "assert under" in load_policy(f"sglang:{tree}")[1].hooks.scheduler.sources["topology"]
+
+
+def test_a_bom_or_a_coding_line_reads_as_python_reads_it(tree, monkeypatch):
+    monkeypatch.delenv(NEWEST_ENV, raising=False)
+    common = _file(tree, sources.COMMON)
+    common.write_bytes(b"\xef\xbb\xbf" + common.read_bytes())
+    spec = _file(tree, sources.SPEC_INFO)
+    spec.write_bytes(b"# -*- coding: utf-8 -*-\n" + spec.read_bytes())
+    release = load_policy(f"sglang:{tree}")[1]
+    assert not release.companions.standin and release.hooks.require_mlp_tp_gather is not None
+
+
+def test_a_vllm_tree_without_its_forward_context_is_refused(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.delenv(NEWEST_ENV, raising=False)
+    root = tmp_path / "vllm"
+    shutil.copytree(_root(vfetch.PACKAGE, vfetch.RELEASES[-1]) / "vllm", root / "vllm")
+    (root / vfetch.FORWARD_CONTEXT).unlink()
+    with pytest.raises(PolicyError, match=r"_compute_sp_num_tokens\(\) \(looked in vllm/forward_context.py"):
+        load_policy(f"vllm:{root}")
+
+
+def test_the_gate_refuses_such_a_tree_before_any_test(tree):
+    """The user's command: a usage error (exit 4) naming the missing function, not a green run."""
+    _file(tree, sources.COMMON).unlink()
+    env = {k: v for k, v in os.environ.items() if k != NEWEST_ENV}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--co", "-q",
+                           f"--policy=sglang:{tree}", "tests/cpu/test_validation.py"],
+                          cwd=SOURCE, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "require_mlp_tp_gather()" in done.stderr
