@@ -6,99 +6,47 @@ an SGLang policy it also prints what SGLang's own dispatch() saw and did on ever
 checks every bug class, in the context given (default: eager decode). The world and the
 context are read by ``dispatcher.model.parse`` (literals only, never evaluated as code).
 
-Exit codes: 0 every property holds; 1 a property is violated (or the rule crashed, or the
-round trip is wrong); 2 bad input (the world text, the policy spec, the arguments);
-3 an internal error of the gate (please report it).
+This process is the controller: the replay runs in a child process (``dispatcher.replay``),
+bounded by ``--timeout``, and the exit status is decided here from what the child reported,
+so nothing the policy runs (``os._exit(0)`` at import, in a rule call or at exit; a loop that
+never returns) can make a failure look like a pass.
+
+Exit codes: 0 every property holds; 1 a property is violated (or the rule crashed, ended the
+process, or did not return in time, or the round trip is wrong); 2 bad input (the world text,
+the policy spec, the arguments, a policy that does not finish loading); 3 an internal error of
+the gate (please report it).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
-import traceback
+import tempfile
+from pathlib import Path
 
-from .emulator.a2a import round_trip
-from .model import properties
-from .model.parse import BadWorld, parse_context, parse_world
-from .model.sglang_context import SGLangContext
-from .model.validation import A2ASizingError, validate
-from .policies import DEFAULT_POLICY, PolicyError, load_policy, probe_policy
-from .sizing import NotApplicable
+from .procs import Terminated, child_env, die_with_parent, python_child
 
 OK, VIOLATED, BAD_INPUT, INTERNAL = 0, 1, 2, 3
+DEFAULT_POLICY = "dispatcher.sizing:ideal_rule"
+TIMEOUT_ENV = "A2A_GATE_REPLAY_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 600.0
 
 
-def replay(world_text: str, spec: str, context_text: str = "") -> int:
+def _seconds(text: str) -> float:
+    import math
+
     try:
-        world = parse_world(world_text)
-        ctx = parse_context(context_text) if context_text else SGLangContext()
-        probe_policy(spec)
-        name, policy = load_policy(spec)
-        sglang = getattr(policy, "engine", None) == "sglang"
-        if context_text and not sglang:
-            raise BadWorld(f"--context is for sglang: policies; {spec} is not one")
-    except (BadWorld, PolicyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return BAD_INPUT
-    try:
-        failed = _engine_classes(policy, world, ctx) if sglang else 0
-    except NotApplicable as exc:
-        print(f"world:\n{world.describe()}\n{name}: not a step of this release ({exc}); "
-              f"nothing to check")
-        return OK
-    try:
-        if sglang:
-            policy = policy.bind(world, ctx)
-        values = properties.rule_values(policy, world, name)
-    except properties.PropertyViolation as exc:  # crashed, not an int, nondeterministic
-        print(exc)
-        return VIOLATED
-    except NotApplicable as exc:
-        print(f"world:\n{world.describe()}\n{name} declares this world impossible for its "
-              f"system ({exc}); nothing to check")
-        return OK
-    print(properties.explain(world, values, name))
-    for prop, check in properties.PROPERTIES.items():
-        try:
-            check(world, values, name)
-            print(f"  {prop:15s} ok")
-        except properties.PropertyViolation as exc:
-            failed += 1
-            print(f"  {prop:15s} VIOLATED: {str(exc).splitlines()[0]}")
-    try:
-        runtime = validate(values, world.views)
-    except A2ASizingError as exc:
-        print(f"dispatcher refuses: {type(exc).__name__}: {exc}")
-        return VIOLATED if failed or world.payload_fits_cap else OK
-    print(f"dispatcher: launches with runtime {runtime}")
-    try:
-        exact = round_trip(world, [runtime] * world.ep_size).exact
-        print(f"emulated A2A round trip: {'exact' if exact else 'WRONG'}")
-        failed += not exact
-    except MemoryError as exc:
-        print(f"emulated A2A round trip: skipped ({exc})")
-    return VIOLATED if failed else OK
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the seconds must be a positive number")
+    return value
 
 
-def _engine_classes(release, world, ctx) -> int:
-    """Every bug class on this step of an SGLang release; the number violated."""
-    from .sglang.classes import BUG_CLASSES, check_step, describe_step
-
-    print(describe_step(release, world, ctx, release.step(world, ctx)))
-    failed = 0
-    for key, bug in BUG_CLASSES.items():
-        if not bug.applies(world, ctx):
-            continue
-        problem = check_step(release, key, world, ctx)
-        if bug.hazard:  # a context SGLang does not produce: reported, never a failure
-            print(f"  {key:20s} {'hazard, exposed: ' + problem.splitlines()[0] if problem else 'hazard, hardened'}")
-            continue
-        failed += problem is not None
-        print(f"  {key:20s} {'VIOLATED: ' + problem.splitlines()[0] if problem else 'ok'}")
-    return failed
-
-
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m dispatcher", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("world", help="a World repr, as printed by a failing test")
@@ -111,26 +59,104 @@ def main(argv=None) -> int:
     ap.add_argument("--newest-companions", action="store_true",
                     help="let the newest pinned release's code stand in for an engine "
                          "checkout's missing companion functions (as in the gate run)")
-    args = ap.parse_args(argv)  # exits 2 on bad arguments
-    if args.newest_companions:
-        from .companions import NEWEST_ENV
+    ap.add_argument("--rule-timeout-s", type=_seconds, default=None, metavar="S",
+                    help="seconds one call into the policy may take (default: 10, as in the "
+                         "gate run)")
+    ap.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+                    help=f"seconds the whole replay may take (default: ${TIMEOUT_ENV}, else "
+                         f"{DEFAULT_TIMEOUT_S:.0f})")
+    return ap
 
-        os.environ[NEWEST_ENV] = "1"
-    if args.flashinfer:
-        from .model import generations
 
+def main(argv=None) -> int:
+    from .procs import raise_on_sigterm
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser().parse_args(argv)  # exits 2 on bad arguments
+    raise_on_sigterm()
+    timeout = args.timeout
+    if timeout is None:
         try:
-            os.environ[generations.ENV] = generations.generation_of(args.flashinfer).version
-        except generations.UnknownGeneration as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            timeout = _seconds(os.environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT_S)))
+        except argparse.ArgumentTypeError as exc:
+            print(f"error: {TIMEOUT_ENV}: {exc}", file=sys.stderr)
             return BAD_INPUT
+    from .policies import PolicyError, load_timeout_s
+
     try:
-        return replay(args.world, args.policy, args.context)
-    except Exception:  # noqa: BLE001 - a bug in the gate, not in the input
-        traceback.print_exc()
-        print("internal error of the gate (exit 3): please report it with the command above",
-              file=sys.stderr)
-        return INTERNAL
+        load_timeout = min(load_timeout_s(), timeout)
+    except PolicyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    with tempfile.TemporaryDirectory(prefix="a2a-gate-replay-") as tmp:
+        report = Path(tmp) / "report"
+        report.touch()
+        env = child_env(args.policy, A2A_GATE_REPLAY_REPORT=str(report))
+        proc = subprocess.Popen(python_child("dispatcher.replay", *argv), env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=die_with_parent)
+        try:
+            code, timed_out, said = _watch(proc, report, load_timeout, timeout)
+        except Terminated:
+            _kill(proc)
+            print("stopped (SIGTERM): the replay is killed", file=sys.stderr)
+            return 143
+        finally:
+            _kill(proc)  # and whatever it started
+        said = report.read_text().split() if not said else said
+    return _decide(said, code, timed_out, load_timeout if "loaded" not in said else timeout, args)
+
+
+def _watch(proc: subprocess.Popen, report: Path, load_timeout: float, timeout: float):
+    """Wait for the replay: (exit code, timed out, what it reported); loading is bounded by
+    ``load_timeout``, the whole replay by ``timeout``."""
+    import time
+
+    start = time.monotonic()
+    while True:
+        try:
+            code = proc.wait(timeout=0.05)
+            return code, False, report.read_text().split()
+        except subprocess.TimeoutExpired:
+            pass
+        said = report.read_text().split()
+        elapsed = time.monotonic() - start
+        if "verdict" in said:  # said and done; what lingers (a thread it left) is killed
+            try:
+                return proc.wait(timeout=2), False, said
+            except subprocess.TimeoutExpired:
+                return None, False, said
+        if elapsed > timeout or ("loaded" not in said and elapsed > load_timeout):
+            return None, True, said
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _decide(said, code, timed_out: bool, timeout: float, args) -> int:
+    if "verdict" in said:
+        return int(said[said.index("verdict") + 1])
+    where = f"--policy {args.policy}"
+    if "loaded" not in said:
+        if timed_out:
+            print(f"error: {where}: loading it did not finish within {timeout:.0f} s (an endless "
+                  f"loop at import?)", file=sys.stderr)
+        else:
+            print(f"error: {where}: loading it ended the process (exit code {code}) before it "
+                  f"finished: the module exits at import (os._exit, sys.exit) or crashed",
+                  file=sys.stderr)
+        return BAD_INPUT
+    what = (f"[slow rule] a call into {args.policy} did not return within {timeout:.0f} s "
+            f"(--timeout)" if timed_out else
+            f"[rule crashed] {args.policy} ended the process (exit code {code}) while the replay "
+            f"ran it (os._exit, a signal, a crash)")
+    print(f"{what}\nworld: {args.world}", flush=True)
+    return VIOLATED
 
 
 if __name__ == "__main__":

@@ -1,14 +1,23 @@
 """``a2a-gate bisect --good REV --bad REV [--repo PATH] [--engine sglang|vllm] [-- PYTEST ARGS]``:
 the first commit of an engine's git history at which the gate fails.
 
-It runs the gate at ``--bad`` first (it must fail there) and keeps the shrunk counterexample
-that failure printed; then ``git bisect run`` judges each commit: the counterexample is
-replayed first (seconds: a commit that fails it is bad), and only a commit that passes it runs
-the gate (its exit 0 good, 1 bad). A commit where the engine's dispatcher file is missing or
-does not load is skipped (125). The result names the first bad commit, the failing test, the
-shrunk world and its replay line. The checkout is left as it was found (``git bisect reset``,
-also on Ctrl-C or an error); it must have no uncommitted changes to tracked files.
+Everything happens in a worktree of its own (``git worktree add --detach`` in a temporary
+folder, removed at the end, also on Ctrl-C, SIGTERM or an error): the user's checkout, its
+uncommitted and ignored files and any ``git bisect`` the user has in progress are never
+touched. Bad input (not a git checkout, an unknown revision, ``--good`` not an ancestor of
+``--bad``) is refused before any gate run.
 
+1. The gate runs at ``--bad`` (it must fail there); the shrunk counterexample its failure
+   printed is kept. With ``--replay LINE`` (a failing run's replay line) that counterexample
+   judges ``--bad`` instead, in seconds.
+2. ``--good`` is checked by replaying that counterexample: if it fails there too, ``--good`` is
+   not good and nothing is bisected.
+3. ``git bisect`` (in the worktree) picks commits; each is judged by the counterexample first
+   (one short process: a commit that fails it is bad) and, only if it passes, by the gate
+   (exit 0 good, 1 bad). A commit where the engine's file is missing or does not load, or
+   whose judge ends without a verdict or runs over its time, is skipped.
+
+The result names the first bad commit, the failing test, the shrunk world and its replay line.
 The gate run at each commit is, unless PYTEST ARGS say otherwise, the engine's own tier and the
 property tests (``DEFAULT_PARTS``) under ``HYPOTHESIS_PROFILE=ci`` (derandomized, so every
 commit is judged on the same examples).
@@ -16,105 +25,129 @@ commit is judged on the same examples).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
-__all__ = ["main", "DEFAULT_PARTS", "GOOD", "BAD", "SKIP"]
+from .engines import ENGINES
+from .procs import child_env, python_child, run_bounded
+from .runner import suite_args
 
-GOOD, BAD, SKIP = 0, 1, 125  # git bisect run's codes
-DEFAULT_PARTS = {"sglang": ("sglang/test_engine_steps.py", "cpu/test_sizing_properties.py"),
-                 "vllm": ("vllm/test_engine.py", "cpu/test_sizing_properties.py")}
+__all__ = ["main", "bisect", "BisectError", "GateJudge", "Verdict", "PROPERTIES", "GOOD",
+           "BAD", "SKIP"]
+
+GOOD, BAD, SKIP = "good", "bad", "skip"  # what ``git bisect`` is told about a commit
+PROPERTIES = ("cpu/test_sizing_properties.py",)
 STEP_TIMEOUT_S = 1800  # one commit's gate run
+REPLAY_TIMEOUT_S = 300  # one commit's replay of the counterexample
 _REPLAY = re.compile(r"^\s*(?:E\s+)?replay: (python -m dispatcher .*)$", re.M)
 _FAILED = re.compile(r"^FAILED (\S+)", re.M)
 
 
 class BisectError(Exception):
-    """Bad input: not a git checkout, unknown revisions, uncommitted changes, nothing to find."""
+    """Bad input or nothing to bisect: said in one line, exit 2."""
 
 
-def _git(repo: Path, *args: str, check: bool = True) -> str:
+@dataclass(frozen=True)
+class Verdict:
+    """A commit's verdict, what decided it and where its log is."""
+
+    word: str  # GOOD, BAD or SKIP
+    why: str
+    log: Optional[Path] = None
+
+
+# (worktree at the commit, replay line, replay only): ``--good`` is judged by the replay alone
+Judge = Callable[[Path, Optional[str], bool], Verdict]
+
+
+def _git(repo: Path, *args: str, check: bool = True, timeout: float = 600) -> str:
     done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
+                          timeout=timeout, stdin=subprocess.DEVNULL)
     if check and done.returncode:
         raise BisectError(f"git {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip()
 
 
-def _engine_of(repo: Path) -> str:
-    from .sglang.fetch import PACKAGE as SGLANG
-    from .vllm.fetch import PACKAGE as VLLM
-    from .wheels import ReleaseError
-
-    for name, package in (("sglang", SGLANG), ("vllm", VLLM)):
+def _engine_of(tree: Path) -> str:
+    for engine in ENGINES.values():
         try:
-            package.checkout_file(repo)
-            return name
-        except ReleaseError:
+            engine.package().checkout_file(tree)
+            return engine.name
+        except ValueError:
             continue
-    raise BisectError(f"{repo}: no SGLang or vLLM dispatcher file at HEAD; name the engine "
+    raise BisectError(f"{tree}: no SGLang or vLLM dispatcher file at --bad; name the engine "
                       f"with --engine")
 
 
-def _gate(repo: Path, engine: str, pytest_args: List[str], log: Path) -> int:
-    """The gate on the checkout as it is now: 0 passes, 1 fails, SKIP cannot judge."""
-    from .cli import suite_args
+class GateJudge:
+    """The real judge: the counterexample replayed, then the gate, each in its own process
+    with a time limit, on the engine's file in the worktree."""
 
-    selection = suite_args() + pytest_args if pytest_args else suite_args(DEFAULT_PARTS[engine])
-    cmd = [sys.executable, "-m", "pytest", *selection, "-x", "-q", "-p", "no:cacheprovider",
-           f"--policy={engine}:{repo}"]
-    env = dict(os.environ)
-    env.setdefault("HYPOTHESIS_PROFILE", "ci")
-    with open(log, "w") as out:
-        try:
-            code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                  timeout=STEP_TIMEOUT_S, stdin=subprocess.DEVNULL).returncode
-        except subprocess.TimeoutExpired:
-            out.write(f"\n[bisect] the gate ran over {STEP_TIMEOUT_S} s: skipped\n")
-            return SKIP
-    if code in (GOOD, BAD):
-        return code
-    return SKIP  # a usage error (the file does not load), an internal error, no tests
+    def __init__(self, engine: str, pytest_args: List[str], logs: Path):
+        self.engine, self.pytest_args, self.logs = engine, pytest_args, logs
+
+    def _env(self) -> dict:
+        env = child_env()
+        env.setdefault("HYPOTHESIS_PROFILE", "ci")
+        return env
+
+    def replay(self, tree: Path, line: str, log: Path) -> Verdict:
+        """The known counterexample on this commit's file: BAD if it fails, GOOD if it holds,
+        SKIP if the file does not load or the replay ends without a verdict."""
+        words = shlex.split(line)[3:]  # after "python -m dispatcher"
+        if "--policy" in words:  # judge this commit's file, whatever the line was recorded on
+            words[words.index("--policy") + 1] = f"{self.engine}:{tree}"
+        cmd = python_child("dispatcher", *words)
+        code, out = _run(cmd, self._env(), REPLAY_TIMEOUT_S)
+        log.write_text(f"$ {shlex.join(cmd)}\n{out}")
+        if code == 1:
+            return Verdict(BAD, "the known counterexample fails here", log)
+        if code == 0:
+            return Verdict(GOOD, "the known counterexample holds here", log)
+        return Verdict(SKIP, f"the replay gave no verdict (exit {code})", log)
+
+    def gate(self, tree: Path, log: Path) -> Verdict:
+        """The gate on the worktree as it is now."""
+        selection = (suite_args(args=self.pytest_args) if self.pytest_args
+                     else suite_args(ENGINES[self.engine].bisect_parts + PROPERTIES))
+        cmd = python_child("pytest", *selection, "-x", "-q", "-p", "no:cacheprovider",
+                           f"--policy={self.engine}:{tree}")
+        code, out = _run(cmd, self._env(), STEP_TIMEOUT_S)
+        log.write_text(f"$ {shlex.join(cmd)}\n{out}")
+        if code == 0:
+            return Verdict(GOOD, "the gate passes", log)
+        if code == 1:
+            return Verdict(BAD, "the gate fails", log)
+        return Verdict(SKIP, f"the gate could not judge it (exit {code}: the file does not load, "
+                             f"no tests, an internal error or over {STEP_TIMEOUT_S} s)", log)
+
+    def __call__(self, tree: Path, replay: Optional[str], replay_only: bool = False) -> Verdict:
+        sha = _git(tree, "rev-parse", "HEAD")
+        if replay:
+            first = self.replay(tree, replay, self.logs / f"{sha}.replay.log")
+            if first.word != GOOD or replay_only:
+                return first
+        return self.gate(tree, self.logs / f"{sha}.log")
 
 
-def _replay(replay_line: str, engine: str, repo: Path) -> int:
-    """The known counterexample on this commit's file: BAD if it still fails, else GOOD."""
-    words = shlex.split(replay_line)[3:]  # after "python -m dispatcher"
-    if "--policy" in words:  # judge this commit's file, whatever the line was recorded on
-        words[words.index("--policy") + 1] = f"{engine}:{repo}"
-    done = subprocess.run([sys.executable, "-m", "dispatcher", *words], capture_output=True,
-                          text=True, timeout=600, stdin=subprocess.DEVNULL)
-    return BAD if done.returncode == 1 else GOOD
+def _run(cmd: List[str], env: dict, timeout: float):
+    """(exit code or None past ``timeout``, output), the process and what it started killed
+    at the end (``procs.run_bounded``)."""
+    code, out = run_bounded(cmd, env, timeout)
+    return code, out if code is not None else f"{out}\n[bisect] over {timeout:.0f} s: stopped\n"
 
 
-def step(repo: Path, engine: str, pytest_args: List[str], logs: Path) -> int:
-    """One commit's verdict for ``git bisect run``."""
-    from .policies import PolicyError, load_policy, probe_policy
-
-    sha = _git(repo, "rev-parse", "HEAD")
-    log = logs / f"{sha}.log"
-    spec = f"{engine}:{repo}"
-    try:
-        probe_policy(spec)
-        load_policy(spec)
-    except PolicyError as exc:
-        log.write_text(f"[bisect] skipped: {exc}\n")
-        return SKIP
-    known = logs / "replay.txt"
-    if known.is_file() and _replay(known.read_text().strip(), engine, repo) == BAD:
-        log.write_text(f"[bisect] the known counterexample fails here:\n{known.read_text()}")
-        return BAD
-    return _gate(repo, engine, pytest_args, log)
-
-
-def _summary(log: Path) -> str:
-    text = log.read_text() if log.is_file() else ""
+def _summary(verdict: Verdict) -> str:
+    text = verdict.log.read_text() if verdict.log and verdict.log.is_file() else ""
     failed = _FAILED.findall(text)
     replay = _REPLAY.findall(text)
     world = re.search(r"^E?\s*world:\n((?:E?\s{2,}.*\n){1,12})", text, re.M)
@@ -129,45 +162,107 @@ def _summary(log: Path) -> str:
     return "\n".join(lines) or text[-2000:]
 
 
-def bisect(repo: Path, good: str, bad: str, engine: Optional[str], pytest_args: List[str]) -> str:
-    top = Path(_git(repo, "rev-parse", "--show-toplevel"))
-    if _git(top, "status", "--porcelain", "--untracked-files=no"):
-        raise BisectError(f"{top} has uncommitted changes to tracked files: commit or stash "
-                          f"them first (bisect checks out other commits)")
-    good_sha = _git(top, "rev-parse", "--verify", f"{good}^{{commit}}")
-    bad_sha = _git(top, "rev-parse", "--verify", f"{bad}^{{commit}}")
-    original = _git(top, "symbolic-ref", "-q", "--short", "HEAD", check=False) or \
-        _git(top, "rev-parse", "HEAD")
-    logs = Path(tempfile.mkdtemp(prefix="a2a-gate-bisect-"))
+class _Stopped(BaseException):
+    """SIGTERM (a CI job cancelled): unwound like Ctrl-C, so the worktree is removed."""
+
+
+@contextmanager
+def _worktree(repo: Path, commit: str):
+    """A detached worktree of ``repo`` at ``commit`` in a temporary folder, removed (with its
+    bisect state) however the block ends; SIGTERM unwinds the block too."""
+    folder = Path(tempfile.mkdtemp(prefix="a2a-gate-bisect-"))
+    tree = folder / "tree"
+
+    def stop(signum, frame):
+        raise _Stopped()
+    previous = signal.signal(signal.SIGTERM, stop) if _main_thread() else None
     try:
-        _git(top, "checkout", "-q", bad_sha)
-        engine = engine or _engine_of(top)
-        first = step(top, engine, pytest_args, logs)
-        if first != BAD:
-            raise BisectError(f"the gate does not fail at --bad {bad} "
-                              f"({'passes' if first == GOOD else 'cannot judge it'}; log: "
-                              f"{logs / (bad_sha + '.log')}): nothing to bisect")
-        replay = _REPLAY.findall((logs / f"{bad_sha}.log").read_text())
-        if replay:
-            (logs / "replay.txt").write_text(replay[0] + "\n")
-        _git(top, "bisect", "start", bad_sha, good_sha)
-        cmd = [sys.executable, "-m", "dispatcher.bisect", "--step", "--repo", str(top),
-               "--engine", engine, "--logs", str(logs), "--", *pytest_args]
-        done = subprocess.run(["git", "-C", str(top), "bisect", "run", *cmd], capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL)
-        found = re.search(r"^([0-9a-f]{40}) is the first bad commit", done.stdout, re.M)
-        if not found:
-            raise BisectError("git bisect found no single first bad commit:\n"
-                              + (done.stdout + done.stderr)[-3000:])
-        sha = found.group(1)
-        subject = _git(top, "log", "-1", "--format=%h %s", sha)
-        log = logs / f"{sha}.log"
-        if "known counterexample fails here" in (log.read_text() if log.is_file() else ""):
-            log = logs / f"{bad_sha}.log"  # the full failure was recorded at --bad
-        return f"first bad commit: {subject} ({sha})\n{_summary(log)}\nlogs: {logs}"
+        _git(repo, "worktree", "add", "-q", "--detach", str(tree), commit)
+        yield tree, folder
     finally:
-        _git(top, "bisect", "reset", check=False)
-        _git(top, "checkout", "-q", original, check=False)
+        _git(repo, "worktree", "remove", "--force", str(tree), check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+        _git(repo, "worktree", "prune", check=False)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _checked_input(repo: Path, good: str, bad: str):
+    """(toplevel, good sha, bad sha), or a ``BisectError`` before any gate run."""
+    if not repo.is_dir():
+        raise BisectError(f"--repo {repo}: no such folder")
+    top = Path(_git(repo, "rev-parse", "--show-toplevel"))
+    shas = []
+    for flag, rev in (("--good", good), ("--bad", bad)):
+        done = subprocess.run(["git", "-C", str(top), "rev-parse", "--verify", "-q",
+                               f"{rev}^{{commit}}"], capture_output=True, text=True, timeout=60)
+        if done.returncode:
+            raise BisectError(f"{flag} {rev}: no such commit in {top}")
+        shas.append(done.stdout.strip())
+    good_sha, bad_sha = shas
+    if good_sha == bad_sha:
+        raise BisectError(f"--good and --bad are the same commit ({good_sha[:12]})")
+    if subprocess.run(["git", "-C", str(top), "merge-base", "--is-ancestor", good_sha, bad_sha],
+                      capture_output=True, timeout=60).returncode:
+        raise BisectError(f"--good {good} is not an ancestor of --bad {bad}: nothing to bisect "
+                          f"between them")
+    return top, good_sha, bad_sha
+
+
+def bisect(repo: Path, good: str, bad: str, engine: Optional[str], pytest_args: List[str],
+           judge: Optional[Judge] = None, logs: Optional[Path] = None,
+           replay: Optional[str] = None) -> str:
+    """The report of the first bad commit between ``good`` and ``bad`` (``BisectError`` on bad
+    input or when there is nothing to find). ``judge``: the real gate unless given.
+    ``replay``: a counterexample already known (a failing run's replay line): ``--bad`` is
+    judged by it instead of by a gate run."""
+    if replay is not None and not _REPLAY.match(f"replay: {replay}"):
+        raise BisectError(f"--replay {replay!r}: not a replay line (python -m dispatcher ...)")
+    top, good_sha, bad_sha = _checked_input(repo, good, bad)
+    logs = logs or Path(tempfile.mkdtemp(prefix="a2a-gate-bisect-logs-"))
+    with _worktree(top, bad_sha) as (tree, _):
+        engine = engine or _engine_of(tree)
+        judge = judge or GateJudge(engine, pytest_args, logs)
+        at_bad = judge(tree, replay, replay is not None)
+        if at_bad.word != BAD:
+            raise BisectError(f"the {'counterexample' if replay else 'gate'} does not fail at "
+                              f"--bad {bad} ({at_bad.why}; log: {at_bad.log}): nothing to bisect")
+        if replay is None:
+            found = (_REPLAY.findall(at_bad.log.read_text())
+                     if at_bad.log and at_bad.log.is_file() else [])
+            replay = found[0] if found else None
+        _git(tree, "checkout", "-q", "--detach", good_sha)
+        at_good = judge(tree, replay, True)
+        if at_good.word != GOOD:
+            raise BisectError(f"--good {good} is not good: {at_good.why} (log: {at_good.log}); "
+                              f"pick an older --good")
+        out = _git(tree, "bisect", "start", bad_sha, good_sha)
+        judged = {}
+        try:
+            for _ in range(int(_git(tree, "rev-list", "--count", f"{good_sha}..{bad_sha}")) + 2):
+                first = re.search(r"^([0-9a-f]{40}) is the first bad commit", out, re.M)
+                if first:
+                    sha = first.group(1)
+                    subject = _git(tree, "log", "-1", "--format=%h %s", sha)
+                    verdict = at_bad if sha == bad_sha else judged.get(sha, at_bad)
+                    if verdict.why == "the known counterexample fails here":
+                        verdict = at_bad  # the full failure was recorded at --bad
+                    return f"first bad commit: {subject} ({sha})\n{_summary(verdict)}\nlogs: {logs}"
+                if "only 'skip'ped commits left" in out:
+                    raise BisectError("git bisect cannot tell which commit is first: only "
+                                      "skipped commits are left\n" + out[-3000:])
+                sha = _git(tree, "rev-parse", "HEAD")
+                verdict = judged[sha] = judge(tree, replay, False)
+                out = _git(tree, "bisect", verdict.word)
+            raise BisectError("git bisect did not end:\n" + out[-3000:])
+        finally:
+            _git(tree, "bisect", "reset", check=False)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -175,25 +270,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="a2a-gate bisect", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--good", help="a commit where the gate passes")
-    parser.add_argument("--bad", help="a commit where the gate fails")
+    parser.add_argument("--good", required=True, help="a commit where the gate passes")
+    parser.add_argument("--bad", required=True, help="a commit where the gate fails")
     parser.add_argument("--repo", default=".", help="the engine's git checkout (default: .)")
-    parser.add_argument("--engine", choices=("sglang", "vllm"), help="default: from the files")
-    parser.add_argument("--step", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--logs", help=argparse.SUPPRESS)
-    args = parser.parse_args(own)
-    repo = Path(args.repo).resolve()
-    if args.step:
-        return step(repo, args.engine, pytest_args, Path(args.logs))
-    if not (args.good and args.bad):
-        parser.error("--good and --bad are required")
+    parser.add_argument("--engine", choices=sorted(ENGINES), help="default: from the files")
+    parser.add_argument("--replay", metavar="LINE",
+                        help="a failing run's replay line (python -m dispatcher ...): --bad is "
+                             "judged by it, without a gate run")
+    args = parser.parse_args(own)  # exits 2 on bad arguments
     try:
-        print(bisect(repo, args.good, args.bad, args.engine, pytest_args))
+        print(bisect(Path(args.repo).resolve(), args.good, args.bad, args.engine, pytest_args,
+                     replay=args.replay))
     except BisectError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: the checkout is back where it was", file=sys.stderr)
+    except (KeyboardInterrupt, _Stopped):
+        print("stopped: the worktree is removed; your checkout was never touched", file=sys.stderr)
         return 130
     return 0
 

@@ -23,6 +23,8 @@ Files are parsed from bytes, so a UTF-8 BOM or a coding declaration reads as Pyt
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -51,12 +53,23 @@ def _version_key(version: str):
 
 def parse(path: Path) -> ast.Module:
     """``path`` parsed as Python parses a source file (bytes: a BOM or coding line honoured);
-    an unreadable or invalid file is a ``ReleaseError`` naming it."""
+    an unreadable or invalid file is a ``ReleaseError`` naming it. Parsed once per content
+    (SGLang's server_args.py is ~450 KB and several pieces are looked for in it); callers
+    that change the tree must copy it first (``companion_function`` does)."""
     try:
-        return ast.parse(Path(path).read_bytes(), filename=str(path))
-    except (OSError, SyntaxError, ValueError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ReleaseError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return _parsed(data)
+    except (SyntaxError, ValueError) as exc:
         raise ReleaseError(f"{path}: cannot be read as Python ({type(exc).__name__}: "
                            f"{exc})") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(data: bytes) -> ast.Module:
+    return ast.parse(data)
 
 
 def defines(path: Path, name: str) -> bool:
@@ -83,6 +96,7 @@ def companion_function(path: Path, name: str, namespace: Dict[str, object]) -> O
     function's body ever runs; None if the file has none."""
     for node in parse(path).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
+            node = copy.deepcopy(node)  # the parsed tree is shared (parse's cache)
             for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
                 arg.annotation = None
             node.returns = None

@@ -47,8 +47,9 @@ from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
 
 from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
-from dispatcher.policies import (DEFAULT_POLICY, PolicyError, engine_spec, load_policy,  # noqa: E402
-                                 probe_policy)
+from dispatcher.model.guard import CALL_TIMEOUT  # noqa: E402
+from dispatcher.policies import (DEFAULT_POLICY, PolicyError, describe_policy,  # noqa: E402
+                                 engine_spec, load_policy, probe_policy)
 
 # --- Hypothesis profiles: registered once, chosen by HYPOTHESIS_PROFILE -------------------
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -78,10 +79,17 @@ def pytest_addoption(parser):
     group.addoption("--flashinfer", default=None, metavar="VERSION",
                     help="FlashInfer A2A generation: 0.7.2 or 0.7.4 (default: the installed "
                          "FlashInfer, else 0.7.2)")
+    group.addoption("--self-check", action="store_true",
+                    help="also run the gate's own self-checks (its machinery, the pinned "
+                         "releases' verdicts, bad input): a run with a --policy of yours "
+                         "deselects them, since they do not depend on it")
     group.addoption("--newest-companions", action="store_true",
                     help="for an engine checkout that lacks a function of the engine's own "
                          "code the gate runs beside the dispatcher file (moved, renamed): let "
                          "the newest pinned release's stand in, rather than refuse the tree")
+    group.addoption("--rule-timeout-s", type=float, default=CALL_TIMEOUT.seconds, metavar="S",
+                    help="seconds one call into the policy may take before it is stopped as "
+                         "[slow rule] (default: %(default)s)")
     group.addoption("--rule-budget-ms", type=float, default=properties.RULE_BUDGET.seconds * 1e3,
                     metavar="MS", help="mean milliseconds one rule call may take "
                                        "(default: %(default)s)")
@@ -150,7 +158,7 @@ def _engine_generation(request):
     engine = mark.args[0]
     if mark.kwargs.get("under_test"):
         policy_spec = request.config.getoption("--policy")
-        if engine_spec(policy_spec, request.config.stash.get(_POLICY, None), engine) == policy_spec:
+        if engine_spec(policy_spec, engine) == policy_spec:
             yield
             return
     from dispatcher.model.generations import using
@@ -160,13 +168,15 @@ def _engine_generation(request):
 
 
 @pytest.fixture(scope="session")
-def engine_under_test(policy, policy_spec, load_release):
+def engine_under_test(policy_spec, load_release):
     """``get(engine) -> (spec, release)``: what an engine's own tiers run (the ``--policy`` one
-    when it is that engine's, else its newest pinned release)."""
+    when it is that engine's, else its newest pinned release). A test that uses it carries
+    ``engine_releases(engine, under_test=True)``: that mark says whether it checks the policy
+    under test (``self_check``)."""
     def get(engine: str):
-        spec = engine_spec(policy_spec, policy, engine)
+        spec = engine_spec(policy_spec, engine)
         if spec == policy_spec:
-            return spec, policy
+            return spec, load_policy(spec)[1]
         return spec, load_release(spec)
     return get
 
@@ -179,10 +189,14 @@ MARKERS = {
     "multi_gpu": "one OS process per EP rank, NCCL (or gloo when ranks share a GPU); without "
                  "a GPU, gloo and the emulated A2A (not with --require-gpus)",
     "real_kernels": "a multi_gpu test that needs FlashInfer's real kernels (skipped without)",
+    "self_check": "checks the gate itself, not the policy under test (given at collection to "
+                  "every test that uses neither the policy nor its engine's tier); a run with "
+                  "a --policy of the user's deselects these unless --self-check",
 }
 
 
 def pytest_configure(config):
+    _OPEN_CONFIGS.append(config)
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     if _PROFILE not in PROFILES:
@@ -194,19 +208,62 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--rule-budget-ms must be a positive number of milliseconds, "
                                 f"got {budget}")
     properties.RULE_BUDGET.seconds = config.getoption("--rule-budget-ms") / 1e3
+    try:
+        CALL_TIMEOUT.set(config.getoption("--rule-timeout-s"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--rule-timeout-s: {exc}") from None
     _choose_generation(config.getoption("--flashinfer"))
     if config.getoption("--newest-companions"):
         from dispatcher.companions import NEWEST_ENV
         os.environ[NEWEST_ENV] = "1"  # workers and rank processes inherit it
-    try:
-        if not hasattr(config, "workerinput"):  # once per run: the controller probes it
-            probe_policy(config.getoption("--policy"))
-        config.stash[_POLICY] = load_policy(config.getoption("--policy"))[1]
-    except PolicyError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    if not hasattr(config, "workerinput"):  # once per run, in the controller
+        spec = config.getoption("--policy")
+        from dispatcher.procs import keep_cwd_off_children_paths
+
+        keep_cwd_off_children_paths(spec)  # xdist's workers start as ``python -c``
+        try:
+            config.stash[_DESCRIBED] = describe_policy(spec)  # finds it, runs none of it
+        except PolicyError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.stash[_PROBE] = _Probe(spec)
 
 
-_POLICY = pytest.StashKey[object]()
+_DESCRIBED = pytest.StashKey[str]()
+_PROBE = pytest.StashKey["_Probe"]()
+
+
+class _Probe:
+    """The policy loaded once in a child process (``policies.probe_policy``: a module that exits
+    the process or never finishes loading is a usage error), in the background while pytest
+    collects; ``verdict()`` waits for it. No process of this run runs the policy before."""
+
+    def __init__(self, spec: str):
+        import threading
+
+        self.error = None
+        self._thread = threading.Thread(target=self._run, args=(spec,), daemon=True,
+                                        name="a2a-gate-policy-probe")
+        self._thread.start()
+
+    def _run(self, spec: str) -> None:
+        try:
+            probe_policy(spec)
+        except PolicyError as exc:
+            self.error = str(exc)
+
+    def verdict(self) -> None:
+        self._thread.join()
+        if self.error:
+            raise pytest.UsageError(self.error)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """Before any test runs (xdist workers run none before the controller's loop hands them
+    out): the probe of the policy has to have passed."""
+    probe = session.config.stash.get(_PROBE, None)
+    if probe is not None:
+        probe.verdict()
 
 
 def _choose_generation(asked) -> None:
@@ -232,14 +289,11 @@ def _choose_generation(asked) -> None:
 
 
 def pytest_report_header(config):
-    policy = config.stash.get(_POLICY, None)
     line = f"a2a-sizing-gate: policy {config.getoption('--policy')}"
-    digest = getattr(policy, "sha256", None)
-    if digest:
-        line += f" ({policy.path}, sha256 {digest[:16]})"
-    companions = getattr(policy, "companions", None)
-    if companions is not None:
-        line += f"\n  the engine's code beside it: {companions.origin}"
+    line += config.stash.get(_DESCRIBED, "")
+    if config.getoption("--policy") != DEFAULT_POLICY and not config.getoption("--self-check"):
+        line += ("\n  the gate's own self-checks (tests that do not depend on the policy) are "
+                 "deselected: --self-check runs them too")
     from dispatcher.model.generations import active
 
     return [line, f"hypothesis profile: {_PROFILE}; FlashInfer: {_flashinfer_version()} "
@@ -263,8 +317,45 @@ def _flashinfer_version() -> str:
 _UNAVAILABLE = pytest.StashKey[str]()
 
 
+def checks_policy(item, spec: str) -> bool:
+    """Whether ``item`` checks the policy under test ``spec``: it uses the ``policy`` fixture,
+    or it is the tier of the engine ``spec`` names (``engine_releases(E, under_test=True)``)."""
+    names = getattr(item, "fixturenames", ())
+    if "policy" in names:
+        return True
+    mark = item.get_closest_marker("engine_releases")
+    if mark is None or not mark.kwargs.get("under_test"):
+        if "engine_under_test" in names:
+            raise pytest.UsageError(f"{item.nodeid} uses engine_under_test without "
+                                    f"engine_releases(ENGINE, under_test=True)")
+        return False
+    return engine_spec(spec, mark.args[0]) == spec
+
+
+_SELF_CHECKS = pytest.StashKey[int]()
+
+
+def _mark_self_checks(config, items) -> None:
+    """Give ``self_check`` to every test that does not check the policy under test; when the
+    policy is the user's (``--policy`` not the default) deselect them unless ``--self-check``:
+    the user waits only for the checks of their code, all of them, unchanged."""
+    spec = config.getoption("--policy")
+    mine = [item for item in items if not checks_policy(item, spec)]
+    for item in mine:
+        item.add_marker(pytest.mark.self_check)
+    if spec == DEFAULT_POLICY or config.getoption("--self-check") or not mine:
+        return
+    gone = set(map(id, mine))
+    items[:] = [item for item in items if id(item) not in gone]
+    config.hook.pytest_deselected(items=mine)
+    config.stash[_SELF_CHECKS] = len(mine)
+    if hasattr(config, "workeroutput"):
+        config.workeroutput["a2a_self_checks"] = len(mine)
+
+
 @pytest.hookimpl(trylast=True)  # after xdist's own hook, which reads the marks too early
 def pytest_collection_modifyitems(config, items):
+    _mark_self_checks(config, items)
     """GPU work is scheduled by resource (``--dist=loadgroup``): the single-GPU tier's tests
     share one xdist worker (one CUDA context, its workspaces); the tests of each rank pool
     carry that pool's group (tests/multi_gpu/conftest.py), so each pool is started by one
@@ -313,7 +404,25 @@ def pytest_runtest_setup(item):
         pytest.skip(reason)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist: each worker deselected the same self-checks (they collect the same suite)."""
+    count = getattr(node, "workeroutput", {}).get("a2a_self_checks")
+    if count is not None:
+        node.config.stash[_SELF_CHECKS] = count
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    count = config.stash.get(_SELF_CHECKS, 0)
+    if count:
+        terminalreporter.write_line(
+            f"a2a-sizing-gate: {count} self-checks of the gate deselected (they do not depend "
+            f"on --policy {config.getoption('--policy')}); --self-check runs them too")
+
+
 _EXIT = pytest.StashKey[int]()
+_REAL_EXIT = os._exit  # taken before any policy could replace it
+_OPEN_CONFIGS = []  # sessions of this process, outermost first (pytester runs nest inside)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -322,22 +431,51 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    """A policy that leaves a non-daemon thread running would keep this process alive after
-    the run (Python waits for such threads at exit): say so, and end with the run's status."""
+    """The run's status is this session's verdict, whatever the policy runs afterwards: a
+    non-daemon thread it left would keep the process alive (Python waits for such threads at
+    exit), and an ``atexit`` handler it registered could exit with another status
+    (``atexit.register(os._exit, 0)``). So, in the outermost session of a process that ran
+    foreign code: say what was left running and end now, or end first thing at exit (this
+    handler is registered last, and ``atexit`` runs handlers last-in, first-out)."""
+    import atexit
     import threading
 
-    if hasattr(config, "workerinput") or _EXIT not in config.stash:
+    if config in _OPEN_CONFIGS:
+        _OPEN_CONFIGS.remove(config)
+    if hasattr(config, "workerinput") or _EXIT not in config.stash or _OPEN_CONFIGS:
         return
+    status = config.stash[_EXIT]
     stray = [t.name for t in threading.enumerate()
              if t is not threading.main_thread() and t.is_alive() and not t.daemon]
     if stray:
         sys.stdout.flush()
         sys.stderr.write(f"a2a-sizing-gate: non-daemon threads still running after the run "
                          f"({', '.join(stray[:5])}): the policy under test started them; "
-                         f"exiting with the run's status ({config.stash[_EXIT]}) without "
-                         f"waiting for them\n")
+                         f"exiting with the run's status ({status}) without waiting for them\n")
         sys.stderr.flush()
-        os._exit(config.stash[_EXIT])
+        _REAL_EXIT(status)
+    from dispatcher.policies import foreign_code_loaded
+
+    if foreign_code_loaded():
+        atexit.register(_end_with, status)
+
+
+def _end_with(status: int) -> None:
+    """At exit: flush, stop daemonic child processes as multiprocessing would, and end with
+    the session's status before any handler the policy registered can run."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if "multiprocessing" in sys.modules:
+        try:
+            from multiprocessing import util
+
+            util._exit_function()
+        except Exception:  # noqa: BLE001 - best effort; the status below is what matters
+            pass
+    _REAL_EXIT(status)
 
 
 pytest_plugins = ["pytester"]  # the meta tests run the suite itself against bad rules

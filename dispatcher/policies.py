@@ -16,32 +16,44 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
 import sys
 import traceback
 from typing import Tuple
 
+from .engines import ENGINES, engine_of_spec
 from .mutants import MUTANTS
+from .procs import DROP_CWD, child_env, run_bounded
 from .sizing import KNOWN_BAD_RULES, Policy, ideal_rule
 
 __all__ = ["DEFAULT_POLICY", "NAMED", "PolicyError", "load_policy", "probe_policy", "engine_spec",
-           "PROBE_TIMEOUT_S"]
+           "describe_policy", "foreign_code_loaded",
+           "PROBE_TIMEOUT_S", "load_timeout_s", "LOAD_TIMEOUT_ENV"]
 
 DEFAULT_POLICY = "dispatcher.sizing:ideal_rule"
 NAMED = {"ideal_rule": ideal_rule, **KNOWN_BAD_RULES, **MUTANTS}
-ENGINES = {"sglang": "dispatcher.sglang.loader", "vllm": "dispatcher.vllm.loader"}  # spec prefix -> loader
 
 
 class PolicyError(ValueError):
     """The ``--policy`` spec names nothing this suite can run as a policy."""
 
 
+_FOREIGN_LOADED = []
+
+
+def foreign_code_loaded() -> bool:
+    """Whether this process has loaded code that is not the gate's own (a user's module, an
+    engine file): then what it may run at exit must not decide the exit status."""
+    return bool(_FOREIGN_LOADED)
+
+
 def load_policy(spec: str) -> Tuple[str, Policy]:
     """Return ``(spec, policy)``; raise ``PolicyError`` with the reason on a bad spec."""
-    engine = spec.partition(":")[0]
-    if engine in ENGINES:
+    if _runs_foreign_code(spec) and not _FOREIGN_LOADED:
+        _FOREIGN_LOADED.append(spec)
+    engine = engine_of_spec(spec)
+    if engine is not None:
         try:
-            loader = importlib.import_module(ENGINES[engine])
+            loader = engine.module("loader")
         except ImportError as exc:  # torch missing
             raise PolicyError(f"--policy {spec} needs torch (pip install torch==2.13.0, the "
                               f"CPU build): {exc}") from None
@@ -74,10 +86,28 @@ def load_policy(spec: str) -> Tuple[str, Policy]:
     return spec, obj
 
 
-PROBE_TIMEOUT_S = float(os.environ.get("A2A_GATE_POLICY_LOAD_TIMEOUT_S", "120"))
+LOAD_TIMEOUT_ENV = "A2A_GATE_POLICY_LOAD_TIMEOUT_S"
+PROBE_TIMEOUT_S = 120.0  # the default of $A2A_GATE_POLICY_LOAD_TIMEOUT_S
+
+
+def load_timeout_s() -> float:
+    """Seconds a policy may take to load: ``$A2A_GATE_POLICY_LOAD_TIMEOUT_S`` (a positive,
+    finite number), else ``PROBE_TIMEOUT_S``; a bad value is a ``PolicyError`` naming it."""
+    import math
+
+    text = os.environ.get(LOAD_TIMEOUT_ENV, "").strip()
+    if not text:
+        return PROBE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise PolicyError(f"{LOAD_TIMEOUT_ENV}={text!r}: must be a positive number of seconds "
+                          f"(default {PROBE_TIMEOUT_S:.0f})")
+    return value
 _LOADED, _FAILED = "A2A-GATE-POLICY-LOADED", "A2A-GATE-POLICY-ERROR: "
-_PROBE = f"""
-import sys
+_PROBE = DROP_CWD + f"""
 from dispatcher.policies import PolicyError, load_policy
 try:
     load_policy(sys.argv[1])
@@ -95,35 +125,55 @@ def _runs_foreign_code(spec: str) -> bool:
     return spec not in NAMED and (module in ENGINES or not module.startswith("dispatcher"))
 
 
-def probe_policy(spec: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+def probe_policy(spec: str, timeout_s: float = None) -> None:
     """Load ``spec`` once in a child process first: a module or engine file that exits the
     process, never finishes loading or cannot be loaded is a ``PolicyError`` saying which."""
     if not _runs_foreign_code(spec):
         return
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root, os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    try:
-        done = subprocess.run([sys.executable, "-c", _PROBE, spec], capture_output=True,
-                              text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    timeout_s = load_timeout_s() if timeout_s is None else timeout_s
+    code, text = run_bounded([sys.executable, "-c", _PROBE, spec], child_env(spec), timeout_s)
+    out = text.splitlines()
+    if code is None and _LOADED not in out:
         raise PolicyError(f"--policy {spec}: loading it did not finish within {timeout_s:.0f} s "
-                          f"(an endless loop at import?)") from None
-    out = done.stdout.splitlines()
+                          f"(an endless loop at import?)")
     failed = [line[len(_FAILED):] for line in out if line.startswith(_FAILED)]
     if failed:
         raise PolicyError(failed[-1])
     if _LOADED not in out:
-        last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1][:300]
+        last = (text.strip().splitlines() or ["(nothing printed)"])[-1][:300]
         raise PolicyError(f"--policy {spec}: loading it ended the process (exit code "
-                          f"{done.returncode}) before it finished: the module exits at import "
+                          f"{code}) before it finished: the module exits at import "
                           f"(os._exit, sys.exit) or crashed: {last}")
 
 
-def engine_spec(spec: str, policy, engine: str) -> str:
+def engine_spec(spec: str, engine: str) -> str:
     """What an engine's own tiers run: ``spec`` when the policy under test (``--policy``) is one
     of ``engine``'s releases or checkouts, else that engine's newest pinned release."""
-    if getattr(policy, "engine", None) == engine:
+    mine = engine_of_spec(spec)
+    if mine is not None and mine.name == engine:
         return spec
-    pinned = importlib.import_module(f"dispatcher.{engine}.verdicts").RELEASES
-    return f"{engine}:{pinned[-1]}"
+    return f"{engine}:{ENGINES[engine].releases[-1]}"
+
+
+def describe_policy(spec: str) -> str:
+    """One line on what ``spec`` runs, found without running any of it (for the report
+    header): an engine file's path, hash and the code beside it; a ``PolicyError`` for a spec
+    that names nothing (a rule module is only found by loading it: the probe's job)."""
+    engine = engine_of_spec(spec)
+    if engine is None:
+        if ":" not in spec and spec not in NAMED:
+            raise PolicyError(f"unknown policy {spec!r}: use module:callable, sglang[:VERSION|PATH], "
+                              f"vllm[:VERSION|PATH] or one of {sorted(NAMED)}")
+        return ""
+    try:
+        loader = engine.module("loader")
+        path, label = loader.main_path(spec.partition(":")[2])
+        from .wheels import sha256
+
+        return (f" ({path}, sha256 {sha256(path)[:16]})\n  the engine's code beside it: "
+                f"{loader.companions_of(path).origin}")
+    except ImportError as exc:  # torch missing
+        raise PolicyError(f"--policy {spec} needs torch (pip install torch==2.13.0, the CPU "
+                          f"build): {exc}") from None
+    except (ValueError, OSError) as exc:
+        raise PolicyError(f"--policy {spec}: {exc}") from None

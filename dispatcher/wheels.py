@@ -23,7 +23,7 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 __all__ = ["ReleaseError", "Package", "sha256", "exec_engine_file",
            "reentrant", "fetch_main", "PIP_TIMEOUT_S"]

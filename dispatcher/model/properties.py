@@ -17,7 +17,9 @@ from typing import Callable, Dict, List, Sequence
 
 from ..sizing import NotApplicable, Policy
 from .validation import A2ASizingError, NotAnInteger, require_int
+from .engine import EnginePolicy, EngineStep
 from .generations import replay_flag
+from .guard import CallTimedOut, PolicyExited, guarded
 from .world import World
 
 __all__ = ["PropertyViolation", "RuleCrashed", "RefusedCorrectly", "SlowRule", "RuleBudget",
@@ -100,8 +102,7 @@ class RuleValues(list):
 def for_world(policy, world: World) -> Policy:
     """The per-rank callable for ``world``: a rule itself, or an engine policy (SGLang's own
     dispatcher) bound to the whole world it runs in (``policy.bind(world)``)."""
-    bind = getattr(policy, "bind", None)
-    return bind(world) if bind is not None else policy
+    return policy.bind(world) if isinstance(policy, EnginePolicy) else policy
 
 
 def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
@@ -110,8 +111,9 @@ def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
     non-int or answers differently is reported with the world and a replay line."""
     name = name or policy_name(policy)
     rank_policy = for_world(policy, world)
-    values = RuleValues([], replay_args=getattr(rank_policy, "replay_args", ""),
-                        notes_from=getattr(rank_policy, "notes", None))
+    engine = isinstance(rank_policy, EngineStep)
+    values = RuleValues([], replay_args=rank_policy.replay_args if engine else "",
+                        notes_from=rank_policy.notes if engine else None)
     for view in world.views:
         values.append(_call(rank_policy, view, world, values, name))
     last = world.ep_size - 1  # asked again right after: a counter or a coin shows here
@@ -162,9 +164,19 @@ def _call(policy, view, world, values, name):
     if real is not POLICY_OUTPUT:
         POLICY_OUTPUT.target, sys.stdout = real, POLICY_OUTPUT
     try:
-        value = policy(view)
+        with guarded():
+            value = policy(view)
+    except PolicyExited as exc:
+        raise RuleCrashed(f"[rule crashed] {name} called os._exit({exc.code!r}) on EP rank "
+                          f"{view.ep_rank}: the gate kept the process (an exit from a policy "
+                          f"never passes for a verdict)\n"
+                          f"{explain(world, _with(values, '<exited>'), name)}") from None
+    except CallTimedOut as exc:
+        raise SlowRule(f"[slow rule] {name} did not return within {exc.seconds:g} s on EP rank "
+                       f"{view.ep_rank} (--rule-timeout-s): stopped\n"
+                       f"{explain(world, _with(values, '<no answer>'), name)}") from None
     except NotApplicable as exc:
-        if not getattr(policy, "engine_step", False):  # only an engine's step may say so
+        if not isinstance(policy, EngineStep):  # only an engine's step may say so
             raise RuleCrashed(f"[rule crashed] {name} raised NotApplicable: {exc} on EP rank "
                               f"{view.ep_rank}: only an engine policy may declare a world "
                               f"impossible\n{explain(world, _with(values, '<raised>'), name)}"
@@ -202,11 +214,10 @@ def world_for(policy, world: World, keep_cap: bool = False) -> World:
     (``policy.engine_world``: vLLM never idles a DP rank at zero tokens, say), else ``world``;
     ``keep_cap`` for a tier whose workspaces are built per cap (the rank pool). Inside a
     Hypothesis test, a world the engine never runs is rejected."""
-    engine_world = getattr(policy, "engine_world", None)
-    if engine_world is None:
+    if not isinstance(policy, EnginePolicy):
         return world
     try:
-        return engine_world(world, keep_cap=keep_cap)
+        return policy.engine_world(world, keep_cap=keep_cap)
     except NotApplicable as exc:
         from hypothesis import event, reject
 

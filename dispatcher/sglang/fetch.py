@@ -11,10 +11,10 @@ from pathlib import Path
 from ..wheels import Package, ReleaseError, sha256
 # The dispatcher file and the files beside it whose functions decide what it sees (kept with
 # the dispatcher file when a release has them): sources.py, one record per piece
-from .sources import (COMMON, COMPANIONS, DP_ATTN, MOE_HOOK, OVERRIDES, RELEASE_FILE,
-                      SERVER_ARGS, SPEC_INFO)
+from .sources import (COMMON, COMPANIONS, DP_ATTN, MOE_HOOK, NEEDED, OVERRIDES, RELEASE_FILE,
+                      RELEASES, SERVER_ARGS, SPEC_INFO)
 
-__all__ = ["ReleaseError", "PACKAGE", "RELEASE_FILE", "COMPANIONS", "COMMON", "OVERRIDES",
+__all__ = ["ReleaseError", "RELEASES", "NEEDED", "PACKAGE", "RELEASE_FILE", "COMPANIONS", "COMMON", "OVERRIDES",
            "DP_ATTN", "SPEC_INFO", "MOE_HOOK", "SERVER_ARGS", "CACHE_ENV", "cache_dir",
            "canonical_version", "companion_file", "fetch_release", "wheel_file", "checkout_file",
            "installed_file", "sha256"]

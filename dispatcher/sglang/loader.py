@@ -22,6 +22,8 @@ from typing import Callable, Dict, List, Optional
 from unittest import mock
 
 from ..model.generations import active
+from ..model.engine import EnginePolicy, EngineStep
+from ..model.guard import GateInterrupt
 from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
@@ -92,7 +94,7 @@ def _sandbox(flashinfer: str = "recorder"):
 
 
 @dataclass(repr=False, eq=False)
-class SGLangRelease:
+class SGLangRelease(EnginePolicy):
     """One ``flashinfer.py`` loaded with stand-ins: ``outcome()`` runs one rank's dispatch(),
     ``bind(world)`` is the per-rank policy the properties check."""
 
@@ -255,7 +257,7 @@ class SGLangRelease:
                 return Outcome(launch=launched.record, seen_dp_global=state.seen_dp_global)
             except RoutedAround:
                 return Outcome(routed_around=True, seen_dp_global=state.seen_dp_global)
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, GateInterrupt):  # the gate stopped the call
                 raise
             except BaseException as exc:  # noqa: BLE001 - SGLang's own verdict, whatever it raised
                 return Outcome(error=f"{type(exc).__name__}: {exc}",
@@ -282,13 +284,12 @@ class SGLangRelease:
             return [self.outcome(world, r, ctx) for r in range(world.ep_size)]
 
 
-class BoundStep:
+class BoundStep(EngineStep):
     """A release bound to one (world, context): called with a rank's view it returns the
     runtime that rank's dispatch() launched with; ``notes()`` says what each rank saw. The
     whole step runs on the first call; asking for a rank again runs it again (so the
     determinism check of ``rule_values`` sees a fresh answer)."""
 
-    engine_step = True  # may raise NotApplicable: a world its engine never runs
 
     def __init__(self, release: SGLangRelease, world: World, ctx: SGLangContext):
         self.release, self.world, self.ctx = release, world, ctx
@@ -380,7 +381,13 @@ def _exec(path: Path, digest: str, flashinfer: str, version: str) -> types.Modul
     return _MODULES[name]
 
 
+def main_path(target: str):
+    """``(file, label)`` for ``sglang:TARGET`` (nothing of it run): "" (installed), a version,
+    a wheel, a checkout or a flashinfer.py."""
+    return fetch.PACKAGE.main_file(target)
+
+
 def release_from_spec(target: str, flashinfer: str = "recorder") -> SGLangRelease:
     """``sglang:TARGET``: "" (installed), a version, a wheel, a checkout or a flashinfer.py."""
-    path, label = fetch.PACKAGE.main_file(target)
+    path, label = main_path(target)
     return load_release(path, label, flashinfer)

@@ -7,6 +7,7 @@ checks every pinned release has exactly the pieces this table says), and what it
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -42,7 +43,12 @@ def flashinfer_assert(path: Path) -> Optional[Tuple[ast.expr, int]]:
     """The first ``assert`` on the topology (it reads dp/tp sizes or DP attention) directly
     under ``if <...a2a...> == "flashinfer":`` in ``path`` (how 0.5.13-0.5.22 refuse a
     topology), with its line."""
-    for node in ast.walk(parse(path)):
+    return _flashinfer_assert(parse(path))
+
+
+@functools.lru_cache(maxsize=64)
+def _flashinfer_assert(tree: ast.Module) -> Optional[Tuple[ast.expr, int]]:
+    for node in ast.walk(tree):
         if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)):
             continue
         left, comps = node.test.left, node.test.comparators

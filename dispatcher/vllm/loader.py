@@ -34,6 +34,8 @@ from unittest import mock
 
 from ..model.vllm_world import as_vllm_world, not_producible
 from ..model.generations import active
+from ..model.engine import EnginePolicy, EngineStep
+from ..model.guard import GateInterrupt
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from ..companions import Companions, companion_function, resolve
@@ -85,7 +87,7 @@ def _sandbox():
 
 
 @dataclass(repr=False, eq=False)
-class VLLMRelease:
+class VLLMRelease(EnginePolicy):
     """One vLLM prepare/finalize file loaded with stand-ins: ``outcome()`` runs one rank's
     prepare(), ``bind(world)`` is the per-rank policy the properties check."""
 
@@ -233,7 +235,7 @@ class VLLMRelease:
             return Outcome(launch=launched.record, seen_local_sizes=state.seen_local_sizes)
         except ReleaseError:
             raise
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, GateInterrupt):  # the gate stopped the call
             raise
         except BaseException as exc:  # noqa: BLE001 - vLLM's own verdict, whatever it raised
             return Outcome(error=f"{type(exc).__name__}: {exc}",
@@ -255,11 +257,10 @@ def _init_params(cls) -> tuple:
     return frozenset(p.name for p in plain), frozenset(p.name for p in plain if p.default is p.empty)
 
 
-class BoundVLLMStep:
+class BoundVLLMStep(EngineStep):
     """A release bound to one world: called with a rank's view it returns the per-rank
     maximum that rank's prepare() launched with; ``notes()`` says what each rank saw."""
 
-    engine_step = True  # may raise NotApplicable: a world its engine never runs
 
     replay_args = ""
 
@@ -354,15 +355,20 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
     return release
 
 
-def release_from_spec(target: str) -> VLLMRelease:
-    """``vllm:TARGET[@two-sided]``: "" (installed), a version, a wheel, a checkout or the file."""
+def _split(target: str):
+    """``(target, side)`` of ``TARGET[@one-sided|@two-sided]``."""
     head, at, tail = target.rpartition("@")
-    side = ""
     if at and tail in ("one-sided", "two-sided"):
-        target, side = head, tail
-    elif at and not Path(target).exists():  # a path may hold "@" (a CI workspace: job@2)
+        return head, tail
+    if at and not Path(target).exists():  # a path may hold "@" (a CI workspace: job@2)
         raise ReleaseError(f"vllm:{target}: the suffix @{tail} selects no backend: @one-sided "
                            f"(the default) or @two-sided")
+    return target, ""
+
+
+def main_path(target: str):
+    """``(file, label)`` for ``vllm:TARGET[@two-sided]`` (nothing of it run)."""
+    target, side = _split(target)
     path, label = fetch.PACKAGE.main_file(target)
     if side == "two-sided":
         sibling = next((f for f in (fetch.PACKAGE.companion_file(path, rel)
@@ -371,7 +377,14 @@ def release_from_spec(target: str) -> VLLMRelease:
             raise ReleaseError(f"vllm:{target}@two-sided: no {' or '.join(fetch.TWO_SIDED)} "
                                f"beside {path}")
         path = sibling
+    return path, label
+
+
+def release_from_spec(target: str) -> VLLMRelease:
+    """``vllm:TARGET[@two-sided]``: "" (installed), a version, a wheel, a checkout or the file."""
+    side = _split(target)[1]
+    path, label = main_path(target)
     release = load_release(path, label)
     if side and release.side != side:
-        raise ReleaseError(f"vllm:{target}@{side}: {path.name} is the {release.side} file")
+        raise ReleaseError(f"vllm:{target}: {path.name} is the {release.side} file")
     return release

@@ -1,24 +1,30 @@
-"""``a2a-gate bisect`` on a small git repository made here: SGLang's newest dispatcher file,
-commits that change nothing it does, a commit where the file is missing (skipped), and the
-commit that makes it size the A2A from the smallest DP group instead of the largest. The
-command must name that commit, the failing test and its replay line, and leave the checkout
-as it found it."""
+"""``a2a-gate bisect`` on small git repositories made here. The search itself is checked with
+a stand-in judge (in-process, milliseconds: it reads the commit's file); the real judge (the
+counterexample replayed, then the gate) runs once end to end. Bisect must name the first bad
+commit, refuse bad input before judging anything, check ``--good`` first, and leave the user's
+checkout, ignored files and own ``git bisect`` untouched, also when stopped by SIGTERM."""
 import importlib.util
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
+from dispatcher import bisect as bisect_mod
+from dispatcher.bisect import BAD, GOOD, SKIP, BisectError, Verdict, bisect
 from dispatcher.sglang import fetch
-from dispatcher.sglang.verdicts import RELEASES
+from dispatcher.sglang.sources import RELEASES
 
 from .. import SOURCE
 
-pytestmark = [pytest.mark.engine_releases("sglang"),  # SGLang's history: on 0.7.2
-              pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                 reason="SGLang's file needs torch")]
 MUTATION = ("max_dp_tokens = max(dp_global_num_tokens)", "max_dp_tokens = min(dp_global_num_tokens)")
+FILE = Path("python") / fetch.RELEASE_FILE
+REPLAY = 'replay: python -m dispatcher --policy sglang:X "World(ep_size=2, dp_size=2, group_tokens=(1, 2), max_num_tokens=2)"'
 
 
 def _git(repo, *args):
@@ -32,15 +38,14 @@ def _commit(repo, message):
     return _git(repo, "rev-parse", "HEAD")
 
 
-@pytest.fixture
-def history(tmp_path):
-    newest = fetch.fetch_release(RELEASES[-1])
-    good_text = newest.read_text()
-    repo = tmp_path / "sglang"
-    target = repo / "python" / fetch.RELEASE_FILE
-    _git(tmp_path, "init", "-q", str(repo))
-    shutil.copytree(fetch.PACKAGE.root_of(newest) / "sglang", repo / "python" / "sglang")
-    (repo / "python" / "sglang" / "version.py").write_text(f'__version__ = "{RELEASES[-1]}"\n')
+def _history(repo: Path, good_text: str, extra=None):
+    """good, a commit without the file (cannot be judged), the file back, the culprit, docs."""
+    target = repo / FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _git(repo.parent, "init", "-q", str(repo))
+    target.write_text(good_text)
+    if extra:
+        extra(repo)
     shas = {"good": _commit(repo, "the newest release's dispatcher")}
     target.unlink()
     (repo / "README").write_text("moved away for a while\n")
@@ -51,35 +56,207 @@ def history(tmp_path):
     shas["culprit"] = _commit(repo, "size from the smallest DP group")
     (repo / "README").write_text("docs\n")
     shas["later"] = _commit(repo, "docs")
+    return shas
+
+
+class FileJudge:
+    """Judges a commit by its file alone: missing -> skip, the mutation -> bad, else good."""
+
+    def __init__(self, logs: Path):
+        self.logs, self.calls = logs, []
+
+    def __call__(self, tree: Path, replay, replay_only=False):
+        sha = _git(tree, "rev-parse", "HEAD")
+        self.calls.append(sha)
+        log = self.logs / f"{sha}.log"
+        target = tree / FILE
+        if not target.is_file():
+            return Verdict(SKIP, "no file", log)
+        if MUTATION[1] in target.read_text():
+            log.write_text(f"FAILED tests/sglang/test_engine_steps.py::test_x\n{REPLAY}\n")
+            return Verdict(BAD, "the mutation", log)
+        return Verdict(GOOD, "no mutation", log)
+
+
+GOOD_TEXT = "max_dp_tokens = max(dp_global_num_tokens)\n"
+
+
+@pytest.fixture
+def history(tmp_path):
+    repo = tmp_path / "engine"
+    return repo, _history(repo, GOOD_TEXT)
+
+
+def test_bisect_names_the_first_bad_commit_and_skips_what_it_cannot_judge(history, tmp_path):
+    repo, shas = history
+    judge = FileJudge(tmp_path)
+    report = bisect(repo, shas["good"], shas["later"], "sglang", [], judge=judge, logs=tmp_path)
+    assert report.startswith(f"first bad commit: {shas['culprit'][:7]} size from the smallest")
+    assert "failing test: tests/sglang/test_engine_steps.py::test_x" in report
+    assert f"replay: {REPLAY.split(': ', 1)[1]}" in report
+    assert judge.calls[:2] == [shas["later"], shas["good"]]  # --bad, then --good is checked
+
+
+def test_a_good_that_already_fails_is_refused(history, tmp_path):
+    repo, shas = history
+    with pytest.raises(BisectError, match=f"--good {shas['culprit']} is not good"):
+        bisect(repo, shas["culprit"], shas["later"], "sglang", [], judge=FileJudge(tmp_path))
+
+
+def test_a_bad_that_passes_is_refused(history, tmp_path):
+    repo, shas = history
+    with pytest.raises(BisectError, match="does not fail at --bad"):
+        bisect(repo, shas["good"], shas["back"], "sglang", [], judge=FileJudge(tmp_path))
+
+
+@pytest.mark.parametrize("case", ["not git", "unknown good", "unknown bad", "same",
+                                  "not an ancestor", "no folder", "not a replay line"])
+def test_bad_input_is_refused_before_anything_is_judged(history, tmp_path, case):
+    repo, shas = history
+    good, bad, where, replay = shas["good"], shas["later"], repo, None
+    if case == "not git":
+        where = tmp_path / "plain"
+        where.mkdir()
+    elif case == "unknown good":
+        good = "nope"
+    elif case == "unknown bad":
+        bad = "v9.9.9"
+    elif case == "same":
+        good = bad
+    elif case == "not an ancestor":
+        good, bad = shas["later"], shas["good"]
+    elif case == "no folder":
+        where = tmp_path / "missing"
+    else:
+        replay = "rm -rf ~"
+    judge = FileJudge(tmp_path)
+    with pytest.raises(BisectError):
+        bisect(where, good, bad, "sglang", [], judge=judge, replay=replay)
+    assert judge.calls == []
+    assert bisect_mod.main(["--good", good, "--bad", bad, "--repo", str(where),
+                            *(["--replay", replay] if replay else [])]) == 2
+
+
+def _user_state(repo):
+    """What bisect must leave as it was: branch, HEAD, the index and worktree, ignored files,
+    the user's own bisect and the worktree list."""
+    def read(name):
+        path = repo / name
+        return path.read_bytes() if path.exists() else None
+    return {"head": _git(repo, "rev-parse", "HEAD"),
+            "branch": _git(repo, "rev-parse", "--abbrev-ref", "HEAD"),
+            "status": _git(repo, "status", "--porcelain", "--ignored"),
+            "files": {n: read(n) for n in ("local.cfg", "scratch.txt", str(FILE))},
+            "bisect": read(".git/BISECT_LOG"), "worktrees": _git(repo, "worktree", "list")}
+
+
+def _dirty_user_checkout(tmp_path):
+    """A history where ``local.cfg`` is tracked by old commits but ignored (and edited) at
+    HEAD, an uncommitted edit of the engine file, an untracked file, and a git bisect of the
+    user's own in progress."""
+    repo = tmp_path / "engine"
+    shas = _history(repo, GOOD_TEXT, extra=lambda r: (r / "local.cfg").write_text("tracked\n"))
+    _git(repo, "rm", "-q", "--cached", "local.cfg")
+    (repo / ".gitignore").write_text("local.cfg\n")
+    shas["ignore"] = _commit(repo, "local.cfg is the user's own now")
+    _git(repo, "checkout", "-q", "-b", "work")
+    (repo / "local.cfg").write_text("the user's own settings\n")
+    (repo / "scratch.txt").write_text("untracked\n")
+    (repo / FILE).write_text((repo / FILE).read_text() + "# uncommitted\n")
+    _git(repo, "stash", "-q")
+    _git(repo, "bisect", "start", shas["ignore"], shas["good"])  # the user's own bisect
+    _git(repo, "stash", "pop", "-q")
     return repo, shas
 
 
-def test_bisect_names_the_commit_that_made_the_failure(history):
-    repo, shas = history
-    _git(repo, "checkout", "-q", "-b", "work")
-    done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "bisect", "--good", shas["good"],
-                           "--bad", shas["later"], "--repo", str(repo)], capture_output=True,
-                          text=True, timeout=900, cwd=SOURCE)
+def test_the_users_checkout_ignored_files_and_bisect_are_untouched(tmp_path):
+    repo, shas = _dirty_user_checkout(tmp_path)
+    before = _user_state(repo)
+    report = bisect(repo, shas["good"], shas["later"], "sglang", [], judge=FileJudge(tmp_path))
+    assert shas["culprit"] in report
+    assert _user_state(repo) == before
+
+
+def test_sigterm_removes_the_worktree_and_leaves_the_checkout(tmp_path):
+    """A CI job cancelled mid-bisect: the worktree and its bisect state go, nothing else moves."""
+    repo, shas = _dirty_user_checkout(tmp_path)
+    before = _user_state(repo)
+    started = tmp_path / "judging"
+    script = tmp_path / "slow_bisect.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from dispatcher.bisect import bisect, main, GOOD, Verdict
+        def judge(tree, replay, replay_only=False):
+            Path({str(started)!r}).write_text(str(tree))
+            time.sleep(60)
+        import dispatcher.bisect as b
+        b.GateJudge = lambda *a, **k: judge
+        sys.exit(main(["--good", {shas['good']!r}, "--bad", {shas['later']!r},
+                       "--repo", {str(repo)!r}, "--engine", "sglang"]))
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SOURCE), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    tree = Path(started.read_text())
+    assert tree.is_dir(), proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "never touched" in err, out + err
+    assert not tree.exists() and not tree.parent.exists()
+    assert _user_state(repo) == before
+
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="SGLang's file needs torch")
+
+
+@pytest.fixture
+def sglang_history(tmp_path):
+    """A checkout of the newest release, then the commit that sizes from the smallest group."""
+    newest = fetch.fetch_release(RELEASES[-1])
+    repo = tmp_path / "sglang"
+    _git(tmp_path, "init", "-q", str(repo))
+    shutil.copytree(fetch.PACKAGE.root_of(newest) / "sglang", repo / "python" / "sglang")
+    (repo / "python" / "sglang" / "version.py").write_text(f'__version__ = "{RELEASES[-1]}"\n')
+    good = _commit(repo, "the newest release")
+    (repo / FILE).write_text((repo / FILE).read_text().replace(*MUTATION))
+    return repo, good, _commit(repo, "size from the smallest DP group")
+
+
+LINE = ('python -m dispatcher --policy sglang:X --context "SGLangContext(cap_from_env=False, '
+        'chunked_prefill_size=2048)" "World(ep_size=2, dp_size=2, group_tokens=(0, 1), '
+        'max_num_tokens=4096)"')
+
+
+@pytest.mark.engine_releases("sglang")  # SGLang's history: on 0.7.2
+@needs_torch
+def test_bisect_from_a_replay_line_end_to_end(sglang_history):
+    """The command as a user runs it after a failing CI run, with the real judge: the
+    counterexample fails at --bad, holds at --good, and the report names the commit."""
+    repo, good, culprit = sglang_history
+    done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "bisect", "--good", good,
+                           "--bad", culprit, "--repo", str(repo), "--replay", LINE],
+                          capture_output=True, text=True, timeout=300, cwd=SOURCE)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"first bad commit: {shas['culprit'][:7]}" in done.stdout, done.stdout
-    assert "size from the smallest DP group" in done.stdout
-    assert "failing test: " in done.stdout and "replay: python -m dispatcher" in done.stdout
-    assert _git(repo, "symbolic-ref", "--short", "HEAD") == "work"  # left as it was found
-    assert not (repo / ".git" / "BISECT_LOG").exists()
+    assert f"first bad commit: {culprit[:7]} size from the smallest DP group" in done.stdout
+    assert "replay: python -m dispatcher" in done.stdout
+    assert _git(repo, "worktree", "list").count("\n") == 0  # its worktree is gone
 
 
-def test_bisect_refuses_what_it_cannot_do(history, tmp_path):
-    repo, shas = history
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "dispatcher.cli", "bisect", *args],
-                              capture_output=True, text=True, timeout=600, cwd=SOURCE)
-    not_git = run("--good", "a", "--bad", "b", "--repo", str(tmp_path))
-    assert not_git.returncode == 2 and "error:" in not_git.stderr
-    unknown = run("--good", "nope", "--bad", shas["later"], "--repo", str(repo))
-    assert unknown.returncode == 2 and "nope" in unknown.stderr
-    (repo / "python" / fetch.RELEASE_FILE).write_text("# dirty\n")
-    dirty = run("--good", shas["good"], "--bad", shas["later"], "--repo", str(repo))
-    assert dirty.returncode == 2 and "uncommitted changes" in dirty.stderr
-    _git(repo, "checkout", "-q", "--", ".")
-    passing = run("--good", shas["good"], "--bad", shas["back"], "--repo", str(repo))
-    assert passing.returncode == 2 and "does not fail at --bad" in passing.stderr
+@pytest.mark.engine_releases("sglang")
+@needs_torch
+def test_the_real_judge_runs_the_gate_and_keeps_its_counterexample(sglang_history, tmp_path):
+    """At --bad, without a replay line: the gate (the engine's tier) fails on the culprit, and
+    its log holds the failing test and the replay line bisect carries to every other commit."""
+    repo, good, culprit = sglang_history
+    judge = bisect_mod.GateJudge("sglang", ["sglang/test_engine_steps.py", "-k",
+                                            "test_engine_in_every_context"], tmp_path)
+    verdict = judge(repo, None, False)
+    assert verdict.word == BAD, verdict.log.read_text()[-3000:]
+    report = bisect_mod._summary(verdict)
+    assert "failing test: tests/sglang/test_engine_steps.py::test_engine_in_every_context" in report
+    assert "replay: python -m dispatcher" in report and "shrunk world:" in report

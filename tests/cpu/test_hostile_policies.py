@@ -14,6 +14,7 @@ from .. import CONFTEST, SOURCE
 
 from dispatcher.model import properties
 from dispatcher.model.world import World
+from dispatcher.procs import DROP_CWD
 
 WORLD = World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4)
 
@@ -50,7 +51,7 @@ MODULES = {
     "sysexit": "import sys\nsys.exit(0)\n",
     "loops": "while True:\n    pass\n",
 }
-WORDS = {"exits": "ended the process", "sysexit": "raised SystemExit", "loops": "did not finish within 3 s"}
+WORDS = {"exits": "ended the process", "sysexit": "raised SystemExit", "loops": "did not finish within 1 s"}
 
 
 def _path(monkeypatch, folder):
@@ -64,7 +65,7 @@ def hostile(tmp_path, monkeypatch):
     for name, body in MODULES.items():
         (tmp_path / f"hostile_{name}.py").write_text(body + "def rule(view):\n    return 1\n")
     _path(monkeypatch, tmp_path)
-    monkeypatch.setenv("A2A_GATE_POLICY_LOAD_TIMEOUT_S", "3")
+    monkeypatch.setenv("A2A_GATE_POLICY_LOAD_TIMEOUT_S", "1")
     return tmp_path
 
 
@@ -72,8 +73,9 @@ def _assert_usage_error(pytester, policy: str, words: str) -> None:
     """``pytest --policy=POLICY`` on a trivial suite is a usage error saying ``words``."""
     (pytester.path / "conftest.py").write_text(CONFTEST)
     pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
-                                           f"--policy={policy}", timeout=120)
+    # in-process: the policy is never loaded here (the probe's child process loads it first)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist",
+                                          f"--policy={policy}")
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-2000:]
     assert words in text and "INTERNALERROR" not in text, text[-2000:]
@@ -158,3 +160,92 @@ def test_a_rule_leaving_a_thread_running_does_not_hang_pytest(pytester, tmp_path
                                            "--policy=threadrule:rule", timeout=60)
     assert result.ret == pytest.ExitCode.OK
     assert "left-behind" in result.stderr.str()
+
+
+# --- a policy cannot decide the exit status, end the process or run forever ---------------
+LATE = {
+    # registered at import: would turn the failed run's status into 0 at exit
+    "exit0_at_exit": "import atexit, os\natexit.register(os._exit, 0)\ndef rule(view):\n    return 0\n",
+    # inside a call: would end the run with status 0 and no output
+    "exit0_in_call": "import os\ndef rule(view):\n    os._exit(0)\n",
+    # never returns (a power-of-two round-up that loops on an idle world)
+    "loops_in_call": ("def rule(view):\n    n = view.local_tokens\n    while n & (n - 1) or n == 0:\n"
+                      "        n += n & -n\n    return n\n"),
+}
+LATE_WORDS = {"exit0_at_exit": "[positive]", "exit0_in_call": "called os._exit(0)",
+              "loops_in_call": "[slow rule]"}
+ONE_TEST = """
+from dispatcher.model import properties
+from dispatcher.model.world import World
+from dispatcher.procs import DROP_CWD
+def test_calls_the_rule(policy, policy_spec):
+    world = World(ep_size=2, dp_size=1, group_tokens=(0,), max_num_tokens=4)
+    properties.check_all(world, properties.rule_values(policy, world, policy_spec), policy_spec)
+"""
+
+
+@pytest.fixture
+def late(tmp_path, monkeypatch):
+    for name, body in LATE.items():
+        (tmp_path / f"{name}.py").write_text(body)
+    _path(monkeypatch, tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize("name", list(LATE))
+def test_a_failing_run_fails_whatever_the_policy_runs(pytester, late, name, workers):
+    """The session's verdict is the exit status: an ``atexit`` exit, an ``os._exit`` inside
+    a call or a call that never returns all end as a failed test with the world."""
+    (pytester.path / "conftest.py").write_text(CONFTEST)
+    pytester.makepyfile(test_one=ONE_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", workers,
+                                           f"--policy={name}:rule", "--rule-timeout-s=1",
+                                           timeout=120)
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, text[-3000:]
+    assert LATE_WORDS[name] in text and "INTERNALERROR" not in text, text[-3000:]
+
+
+@pytest.mark.parametrize("name", list(LATE))
+def test_the_replay_command_decides_its_own_status(late, name):
+    done = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", f"{name}:rule",
+                           "--timeout", "20", "--rule-timeout-s", "1", repr(World(ep_size=2, dp_size=1, group_tokens=(0,),
+                                                          max_num_tokens=4))],
+                          capture_output=True, text=True, timeout=60, cwd=SOURCE)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert LATE_WORDS[name] in done.stdout + done.stderr
+
+
+def test_a_replay_over_its_time_is_stopped(late):
+    """The replay's own bound: the controller stops a child that overruns ``--timeout`` (here
+    shorter than the per-call limit) and says so."""
+    done = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", "loops_in_call:rule",
+                           "--timeout", "2", repr(World(ep_size=2, dp_size=1, group_tokens=(0,),
+                                                         max_num_tokens=4))],
+                          capture_output=True, text=True, timeout=60, cwd=SOURCE)
+    assert done.returncode == 1 and "did not return within 2 s" in done.stdout, \
+        done.stdout + done.stderr
+
+
+def test_nothing_runs_from_the_current_directory_unless_named_there(tmp_path, monkeypatch):
+    """A ``json.py`` (or ``socket.py``) lying in the folder a user runs the gate from is never
+    imported by the gate's own processes: the probe, the replay's child, xdist's workers."""
+    rules, here = tmp_path / "rules", tmp_path / "here"
+    rules.mkdir()
+    here.mkdir()
+    (rules / "elsewhere_rule.py").write_text("from dispatcher.sizing import ideal_rule as rule\n")
+    for name in ("json", "socket", "struct"):
+        (here / f"{name}.py").write_text(f"open({str(here / ('ran-' + name))!r}, 'w').close()\n"
+                                         f"raise ImportError('the {name}.py of the current folder')\n")
+    _path(monkeypatch, rules)
+    world = repr(World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4))
+    # a2a-gate as its console script runs it (``python -m`` would put the folder first itself)
+    gate = [sys.executable, "-c", DROP_CWD + "from dispatcher.cli import main\nsys.exit(main())"]
+    runs = [gate + ["replay", "--policy", "elsewhere_rule:rule", world],  # its child
+            gate + ["-n", "2", "-q", "-p", "no:cacheprovider", "--policy=elsewhere_rule:rule",
+                    "-k", "test_property and tight"]]
+    for cmd in runs:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=here)
+        assert done.returncode == 0, (cmd, done.stdout[-2000:] + done.stderr[-2000:])
+        assert not list(here.glob("ran-*")), (cmd, list(here.glob("ran-*")))

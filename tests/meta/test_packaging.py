@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dispatcher.cli import INI_ARGS, suite_args
+from dispatcher.runner import INI_ARGS, suite_args
 from dispatcher.plugin import MARKERS
 
 from .. import SOURCE, SUITE
@@ -33,7 +33,7 @@ def test_the_settings_are_the_same_from_a_checkout_and_from_a2a_gate():
         return
     ini = _pyproject()["tool"]["pytest"]["ini_options"]
     assert " ".join(INI_ARGS) == f"{ini['addopts']} -o xfail_strict={str(ini['xfail_strict']).lower()}"
-    assert set(MARKERS) == {"gpu", "multi_gpu", "real_kernels", "engine_releases"}
+    assert set(MARKERS) == {"gpu", "multi_gpu", "real_kernels", "engine_releases", "self_check"}
 
 
 def test_a2a_gate_runs_the_suite_from_outside_the_repository(tmp_path):

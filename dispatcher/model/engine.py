@@ -1,0 +1,45 @@
+"""What makes a policy an *engine* policy: an engine's own dispatcher code run by the gate
+(``dispatcher/sglang``, ``dispatcher/vllm``), as opposed to a plain rule ``(RankView) -> int``.
+
+Only these types get an engine's privileges: to be bound to the whole world it runs in
+(``bind``), to map a world to the nearest one its engine runs (``engine_world``) and, per step,
+to declare a world impossible (``NotApplicable``). They are granted by type, never by an
+attribute, so a plain rule cannot choose the worlds it is checked on.
+"""
+from __future__ import annotations
+
+import abc
+
+from .world import World
+
+__all__ = ["EnginePolicy", "EngineStep"]
+
+
+class EngineStep(abc.ABC):
+    """One engine policy bound to one world (and context): called with a rank's view, it
+    returns the runtime that rank's engine code passed; ``notes()`` says what each rank saw."""
+
+    replay_args: str = ""  # e.g. " --context ...", for the replay line
+    spec: str = ""
+
+    @abc.abstractmethod
+    def __call__(self, view) -> int: ...
+
+    def notes(self) -> str:
+        return ""
+
+
+class EnginePolicy(abc.ABC):
+    """An engine's dispatcher file, loaded: ``engine`` names it ("sglang", "vllm")."""
+
+    engine: str = ""
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> str: ...
+
+    @abc.abstractmethod
+    def bind(self, world: World, *args) -> EngineStep: ...
+
+    @abc.abstractmethod
+    def engine_world(self, world: World, keep_cap: bool = False) -> World: ...

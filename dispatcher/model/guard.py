@@ -1,0 +1,98 @@
+"""Every call into the policy under test is bounded: it cannot end the process and it cannot run
+forever. ``guarded()`` is entered around each call (``properties.rule_values``):
+
+- ``os._exit`` (and ``posix._exit``) raise ``PolicyExited`` instead of ending the process, so
+  ``os._exit(0)`` inside a rule is a crash with the world, never a silent exit 0;
+- a call that has not returned after ``CALL_TIMEOUT.seconds`` is interrupted with
+  ``CallTimedOut`` (a ``SIGALRM`` timer in the main thread, as pytest-timeout's signal method
+  does; a pure-Python loop stops at once, a blocking C call when it returns to Python). Where
+  another timer is already armed (pytest-timeout), that one is left to do the job.
+
+Both are ``GateInterrupt``s (``BaseException``): an engine's own ``except Exception`` does not
+swallow them, and the engine loaders pass them on rather than report them as the engine's
+error.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["GateInterrupt", "PolicyExited", "CallTimedOut", "CALL_TIMEOUT", "guarded"]
+
+
+class GateInterrupt(BaseException):
+    """The gate stopped a call into the policy (never the policy's own exception)."""
+
+
+class PolicyExited(GateInterrupt):
+    def __init__(self, code):
+        super().__init__(f"the policy called os._exit({code!r})")
+        self.code = code
+
+
+class CallTimedOut(GateInterrupt):
+    def __init__(self, seconds: float):
+        super().__init__(f"a call did not return within {seconds:g} s")
+        self.seconds = seconds
+
+
+@dataclass
+class CallTimeout:
+    """Seconds one call into the policy may take (``--rule-timeout-s``). Once a call has been
+    stopped, later calls get at most ``after_trip`` seconds: shrinking a hang replays it many
+    times, and each replay need not wait the whole limit again to show it."""
+
+    seconds: float = 10.0
+    after_trip: float = 1.0
+    tripped: bool = False
+
+    @property
+    def now(self) -> float:
+        return min(self.seconds, self.after_trip) if self.tripped else self.seconds
+
+    def set(self, seconds: float) -> None:
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"a call's time limit must be a positive number of seconds, got "
+                             f"{seconds!r}")
+        self.seconds = float(seconds)
+
+
+CALL_TIMEOUT = CallTimeout()
+
+
+def _refuse_exit(code=0):
+    raise PolicyExited(code)
+
+
+@contextmanager
+def guarded():
+    import posix
+
+    saved = os._exit, posix._exit
+    os._exit = posix._exit = _refuse_exit
+    armed, previous = _arm(CALL_TIMEOUT.now)
+    try:
+        yield
+    finally:
+        if armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+        os._exit, posix._exit = saved
+
+
+def _arm(seconds: float):
+    """Arm the timer: (armed, the SIGALRM handler to put back)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "setitimer") or signal.getitimer(signal.ITIMER_REAL)[0]):
+        return False, None
+
+    def expired(signum, frame):
+        CALL_TIMEOUT.tripped = True
+        raise CallTimedOut(seconds)
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    return True, previous

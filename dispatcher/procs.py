@@ -1,0 +1,119 @@
+"""Child processes that run foreign code (a policy's probe, a replay, a bisect step) go with
+the process that started them: ``die_with_parent`` (for ``preexec_fn``) asks Linux to SIGKILL
+the child when its parent dies, so a cancelled run (SIGTERM, SIGKILL, a CI job stopped) never
+leaves a policy spinning in an orphan. Elsewhere it does nothing; the callers' own timeouts
+and process-group kills remain."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+__all__ = ["DROP_CWD", "die_with_parent", "raise_on_sigterm", "python_child", "child_env", "SOURCE_ROOT",
+           "run_bounded", "kill_group", "keep_cwd_off_children_paths"]
+
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds dispatcher/
+# ``python -c`` puts the current directory first on sys.path: a child of the gate takes it off
+# before anything else is imported, so a json.py or socket.py lying there is never run
+DROP_CWD = ("import os, sys\n"
+            "if sys.path and sys.path[0] in ('', os.getcwd()):\n"
+            "    del sys.path[0]\n")
+_BOOT = (DROP_CWD + "sys.argv = sys.argv[1:]\nimport runpy\n"
+         "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n")
+
+
+def python_child(module: str, *args: str) -> list:
+    """The command that runs ``python -m module args`` without the current directory on its
+    path (``python -P`` where every supported Python has it)."""
+    return [sys.executable, "-c", _BOOT, module, *args]
+
+
+def _named_in_cwd(spec: str) -> bool:
+    """Whether ``spec`` (``module:callable``) names a module that lies in the current
+    directory: then the user asked for code from there."""
+    if not spec or ":" not in spec:
+        return False
+    top = spec.partition(":")[0].split(".")[0]
+    here = os.getcwd()
+    return bool(top) and (os.path.isfile(os.path.join(here, f"{top}.py"))
+                          or os.path.isdir(os.path.join(here, top)))
+
+
+def child_env(spec: str = "", **extra: str) -> dict:
+    """The environment of a child process of the gate: the gate's own code importable, the
+    current directory only where ``spec`` names a module in it, the user's PYTHONPATH kept."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    first = [SOURCE_ROOT] + ([os.getcwd()] if _named_in_cwd(spec) else [])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(first + rest), **extra)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In the child, between fork and exec: SIGKILL when the parent goes (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the program runs so its ``finally`` blocks run (children are
+    killed, worktrees removed) before it ends."""
+
+
+def raise_on_sigterm() -> None:
+    """From now on SIGTERM raises ``Terminated`` in the main thread."""
+    def handler(signum, frame):
+        raise Terminated()
+    signal.signal(signal.SIGTERM, handler)
+
+
+def kill_group(proc) -> None:
+    """SIGKILL ``proc``'s process group (it was started in a session of its own) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def run_bounded(cmd, env=None, timeout: float = None, limit: int = 1 << 20, cwd=None):
+    """Run ``cmd`` in a session of its own, dying with this process: ``(exit code, or None when
+    it ran over ``timeout``; what it printed, stdout and stderr together, at most ``limit``
+    characters from the end)``. Its output goes to a file, not a pipe, so a grandchild it
+    left holding the output open cannot keep this waiting; whatever it started is killed
+    when it ends."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=die_with_parent)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            kill_group(proc)
+        size = out.seek(0, 2)
+        out.seek(max(0, size - limit))
+        return code, out.read().decode("utf-8", "replace")
+
+
+def keep_cwd_off_children_paths(spec: str) -> None:
+    """Python processes started from here as ``python -c`` or ``python -m`` (xdist's workers,
+    pytester's runs) do not put the current directory first on their path (``PYTHONSAFEPATH``,
+    Python 3.11+): a ``json.py`` lying there would run before the worker restores its path.
+    Not where ``spec`` names a module in that directory (the user asked for code from there),
+    nor where the user set ``PYTHONSAFEPATH`` themselves."""
+    if not _named_in_cwd(spec):
+        os.environ.setdefault("PYTHONSAFEPATH", "1")

@@ -1,0 +1,42 @@
+"""Where the suite is and the pytest settings it runs with, for ``a2a-gate`` and bisect."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import List, Sequence, Tuple
+
+__all__ = ["suite_args", "INI_ARGS"]
+
+_REPO = Path(__file__).resolve().parents[1]
+# The pytest settings the suite runs with: pyproject.toml's [tool.pytest.ini_options] in a
+# checkout, these arguments from ``a2a-gate`` anywhere else (tests/meta holds them equal). Kept
+# here, not in the plugin: importing the plugin before pytest starts would leave it (and
+# Hypothesis) out of pytest's assert rewriting.
+INI_ARGS = ("--strict-markers", "--strict-config", "-ra", "--dist=loadgroup",
+            "-o", "xfail_strict=true")
+
+
+def _suite() -> Tuple[Path, List[str]]:
+    """(the suite's folder, the settings it runs with)."""
+    if (_REPO / "pyproject.toml").is_file() and (_REPO / "tests" / "__init__.py").is_file():
+        return _REPO / "tests", ["-c", str(_REPO / "pyproject.toml"), "--rootdir", str(_REPO)]
+    spec = importlib.util.find_spec("dispatcher.suite")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("a2a-gate: the suite (dispatcher.suite) is not installed with the gate")
+    suite = Path(list(spec.submodule_search_locations)[0])
+    return suite, ["-c", os.devnull, "--rootdir", str(suite), "-p", "dispatcher.plugin", *INI_ARGS]
+
+
+def suite_args(parts: Tuple[str, ...] = (), args: Sequence[str] = ()) -> List[str]:
+    """The pytest arguments that select the suite (or ``parts`` of it, paths inside it such as
+    ``sglang/test_engine_steps.py``) and its settings: a checkout's own ``pyproject.toml`` and
+    ``tests/``, or the installed ``dispatcher.suite`` with the plugin and the settings of
+    ``INI_ARGS`` (never the settings of the directory it is run from, e.g.
+    an engine's own pytest configuration). ``args``: more pytest arguments; those that name a
+    path inside the suite (``sglang/test_engine_steps.py::test_x``) select it instead of the
+    whole suite."""
+    suite, settings = _suite()
+    named = [a for a in args if not a.startswith("-") and (suite / a.split("::")[0]).exists()]
+    rest = [a for a in args if a not in named]
+    return settings + [str(suite / p) for p in (*parts, *named) or (".",)] + rest
