@@ -9,14 +9,19 @@ the host from what was read back, so a tier reads every answer in one copy.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from ..emulator.a2a import POISON
+from ..emulator.a2a import POISON, expected_recv_counts
+from ..emulator.inputs import reference_outputs
+from ..model.world import World
+from . import torch_ops
 
-__all__ = ["RTOL", "ATOL", "poisoned_rows", "stale_rows_ok", "rank_problems", "world_problems"]
+__all__ = ["RTOL", "ATOL", "poisoned_rows", "stale_rows_ok", "rank_problems", "world_problems",
+           "GUARD", "GUARD_BYTE", "GpuRoundTrip", "CudaContextDead", "verdict"]
 
 # bf16 tolerance: both sides round each expert row to bf16 once and sum exactly in fp32, so a
 # correct A2A matches the reference bit for bit; allow half a bf16 ulp of the largest value.
@@ -78,3 +83,40 @@ def world_problems(stale_ok: Sequence[bool], runtimes: Sequence[int], counts: np
     return [p for r in range(len(outputs))
             for p in rank_problems(r, bool(stale_ok[r]), runtimes[r], counts[r],
                                    expected_counts[r], outputs[r], references[r])]
+
+
+GUARD = 4096
+GUARD_BYTE = 0x5A
+
+
+@dataclass(frozen=True)
+class GpuRoundTrip:
+    problems: Tuple[str, ...]  # empty when every rank's round trip was exact
+    byte_model: Dict[str, Tuple[int, int]]  # name -> (ours, FlashInfer's)
+
+
+class CudaContextDead(RuntimeError):
+    """An earlier kernel fault killed this process's CUDA context: nothing more can run."""
+
+
+def verdict(world: World, inputs, runtimes: Sequence[int], guard, counts, poisoned, results,
+            model: Dict[str, Tuple[int, int]], flashinfer: str) -> GpuRoundTrip:
+    """Every check of a single-GPU round trip, from what is still on the device: guard bytes
+    intact (``guard``), received counts ([W, W] int32 as bytes), stale rows still poison
+    (``poisoned``: one stacked tensor when every rank ran the same runtime, else one per
+    rank), each rank's combined output against the reference, and our byte model against
+    FlashInfer's numbers. The host's half runs while the GPU works; then one copy (one sync)."""
+    W = world.ep_size
+    expected = expected_recv_counts(world, inputs)
+    ref = reference_outputs(world, inputs)
+    guard_ok, host_counts, *rest = torch_ops.read_back([guard, counts, *poisoned, *results])
+    host_counts = host_counts.view(np.int32)
+    host_poisoned, host_out = rest[:len(poisoned)], rest[len(poisoned):]
+    stale = (stale_rows_ok(host_poisoned[0], expected, runtimes[0]) if len(set(runtimes)) == 1 else
+             [stale_rows_ok(host_poisoned[r], expected[r], runtimes[r]) for r in range(W)])
+    problems = [] if guard_ok else ["guard bytes after a rank's workspace were overwritten"]
+    problems += world_problems(stale, runtimes, host_counts, expected, host_out, ref)
+    wrong = {k: v for k, v in model.items() if v[0] != v[1]}
+    if wrong:
+        problems.append(f"byte model != {flashinfer}: {wrong}")
+    return GpuRoundTrip(tuple(problems), model)

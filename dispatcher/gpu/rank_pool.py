@@ -466,7 +466,7 @@ def _shared_workspace_074(state, rank, ep_size, moe, cap):
     import torch.distributed as dist
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from .single import GUARD, GUARD_BYTE
+    from .checks import GUARD, GUARD_BYTE
     from .single_074 import RawA2A074, flashinfer_layout, layout_index, module
 
     meta = flashinfer_layout(ep_size, cap, moe.top_k, moe.dispatch_bytes, moe.combine_bytes)

@@ -14,32 +14,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
-from ..emulator.a2a import POISON, expected_recv_counts
-from ..emulator.inputs import make_inputs, reference_outputs
+from ..emulator.a2a import POISON
+from ..emulator.inputs import make_inputs
 from ..model.workspace import aux_offsets, aux_size
 from ..model.world import World
 from . import torch_ops
-from .checks import poisoned_rows, stale_rows_ok, world_problems
+from .checks import (GUARD, GUARD_BYTE, CudaContextDead, GpuRoundTrip, poisoned_rows,  # noqa: F401
+                     verdict)
 from .flashinfer import comm, metainfo_index, module, pdl_default
 
 __all__ = ["SingleGpuA2A", "GpuRoundTrip", "CudaContextDead", "GUARD", "verdict", "for_installed"]
-
-GUARD = 4096
-GUARD_BYTE = 0x5A
-
-
-@dataclass(frozen=True)
-class GpuRoundTrip:
-    problems: Tuple[str, ...]  # empty when every rank's round trip was exact
-    byte_model: Dict[str, Tuple[int, int]]  # name -> (ours, FlashInfer's)
-
-
-class CudaContextDead(RuntimeError):
-    """An earlier kernel fault killed this process's CUDA context: nothing more can run."""
-
 
 @dataclass
 class _Workspace:
@@ -179,29 +165,6 @@ class SingleGpuA2A:
         guard = (space.full[:, size:] == GUARD_BYTE).all()
         return verdict(world, inputs, runtimes, guard, counts, poisoned, results, model,
                        "FlashInfer")
-
-
-def verdict(world: World, inputs, runtimes: Sequence[int], guard, counts, poisoned, results,
-            model: Dict[str, Tuple[int, int]], flashinfer: str) -> GpuRoundTrip:
-    """Every check of a single-GPU round trip, from what is still on the device: guard bytes
-    intact (``guard``), received counts ([W, W] int32 as bytes), stale rows still poison
-    (``poisoned``: one stacked tensor when every rank ran the same runtime, else one per
-    rank), each rank's combined output against the reference, and our byte model against
-    FlashInfer's numbers. The host's half runs while the GPU works; then one copy (one sync)."""
-    W = world.ep_size
-    expected = expected_recv_counts(world, inputs)
-    ref = reference_outputs(world, inputs)
-    guard_ok, host_counts, *rest = torch_ops.read_back([guard, counts, *poisoned, *results])
-    host_counts = host_counts.view(np.int32)
-    host_poisoned, host_out = rest[:len(poisoned)], rest[len(poisoned):]
-    stale = (stale_rows_ok(host_poisoned[0], expected, runtimes[0]) if len(set(runtimes)) == 1 else
-             [stale_rows_ok(host_poisoned[r], expected[r], runtimes[r]) for r in range(W)])
-    problems = [] if guard_ok else ["guard bytes after a rank's workspace were overwritten"]
-    problems += world_problems(stale, runtimes, host_counts, expected, host_out, ref)
-    wrong = {k: v for k, v in model.items() if v[0] != v[1]}
-    if wrong:
-        problems.append(f"byte model != {flashinfer}: {wrong}")
-    return GpuRoundTrip(tuple(problems), model)
 
 
 @lru_cache(maxsize=4096)

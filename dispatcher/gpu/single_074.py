@@ -27,8 +27,7 @@ from ..emulator.inputs import make_inputs
 from ..model import workspace_074 as w074
 from ..model.world import World
 from . import torch_ops
-from .checks import poisoned_rows
-from .single import GUARD, GUARD_BYTE, CudaContextDead, GpuRoundTrip, verdict
+from .checks import GUARD, GUARD_BYTE, CudaContextDead, GpuRoundTrip, poisoned_rows, verdict
 
 __all__ = ["SingleGpuA2A074", "RawA2A074", "TIMEOUT_S", "module", "layout_index",
            "flashinfer_layout", "byte_model_074", "aligned16"]

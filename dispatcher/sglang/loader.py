@@ -31,6 +31,7 @@ from ..sizing import NotApplicable, RankView
 from ..companions import Companions, companion_function, resolve
 from ..wheels import exec_engine_file, reentrant
 from . import fetch
+from .report import describe_outcomes, describe_sources
 from .scheduler import ServerConfig, load_scheduler
 from .sources import NEEDED, RELEASES, VERSION_FILES
 from .standins import (Hooks, LaunchRecord, Launched, RoutedAround, StandardTopKOutput, _Group,
@@ -320,8 +321,6 @@ class BoundStep(EngineStep):
         """Rendered only when a failure is reported."""
         if not self.outcomes:
             return ""
-        from .classes import describe_outcomes, describe_sources
-
         return (f"  what SGLang {self.release.label} saw and did:\n"
                 + describe_outcomes(self.outcomes, self.world) + "\n"
                 + describe_sources(self.release))

@@ -64,3 +64,30 @@ def test_imports_only_run_downward(name, path):
         assert _layer(target) <= mine, f"{name} (layer {mine}) imports {target} " \
                                        f"(layer {_layer(target)})"
 
+
+def _graph():
+    """module -> the gate's modules it imports (at the top or inside a function)."""
+    names = {name for name, _ in _modules()}
+    graph = {}
+    for name, path in _modules():
+        targets = set()
+        for target in _imports(name, path):
+            while target and target not in names:  # "from pkg.mod import name" -> pkg.mod
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + ".") \
+                    and not (name == "dispatcher" or target == "dispatcher"):
+                targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def test_no_import_cycle():
+    """No module reaches itself through imports, lazy ones inside functions included (a
+    package importing its own submodules aside)."""
+    import graphlib
+
+    graph = _graph()
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
