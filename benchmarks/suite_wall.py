@@ -1,12 +1,23 @@
-"""Time the whole gate the way users run it, and write the figures.
+"""Time the gate the way users run it, side by side in one sitting, and write the figures.
 
     python benchmarks/suite_wall.py --runs 3 --out benchmarks/suite_wall_cpu.json
-    python benchmarks/suite_wall.py --runs 3 -- --policy=sglang:0.5.23
-    python benchmarks/suite_wall.py --runs 3 --profile gpu -- --require-gpus     # a GPU runner
+    python benchmarks/suite_wall.py --runs 3 --profile gpu --out F -- --require-gpus   # a GPU runner
 
-Each run is ``HYPOTHESIS_PROFILE=<profile> pytest -n auto -q -rf -p no:cacheprovider [ARGS]`` in
-a fresh process from the repository root, nothing else set; the figure is the median wall
-time with the min and max, and every run's pytest summary line (and failed tests) is kept.
+Scenarios, each ``HYPOTHESIS_PROFILE=<profile> pytest -n auto -q -rf -p no:cacheprovider`` from
+the repository root in a fresh process (plus the pytest arguments after ``--``):
+
+- ``whole``: the whole suite (the gate's own self-checks included), as CI and a plain
+  ``pytest -n auto`` in this repository run it;
+- ``gate-sglang-file``: ``--policy=sglang:FILE``, a user's edit of the newest pinned SGLang
+  dispatcher file that changes nothing (a comment): what gating a change costs (the gate's
+  self-checks are deselected there, every check of the file runs);
+- ``verdict-wrong-rule``, ``verdict-wrong-sglang-file``: ``-x --policy=prefix_rule`` and ``-x
+  --policy=sglang:FILE`` with ``min`` for ``max`` in the sizing: time until the gate says no
+  (every run must fail).
+
+For ``whole`` and ``gate-sglang-file`` the critical path is kept from each run (a timeline
+plugin, ``suite_timeline.py``): the longest test and the busiest xdist worker (its tests' wall
+time summed). Figures: the median wall time with min and max; every run's pytest summary line.
 """
 from __future__ import annotations
 
@@ -17,24 +28,65 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+FAILS = (1, 2)  # a failed test: 1, or 2 where -x stopped the run at it (xdist: "Interrupted")
+MIN_FOR_MAX = ("max_dp_tokens = max(dp_global_num_tokens)", "max_dp_tokens = min(dp_global_num_tokens)")
+
+
+def sglang_files(folder: Path) -> dict:
+    """A harmless edit (a comment) and a wrong one (min for max) of the newest release's file."""
+    from dispatcher.sglang import fetch
+    from dispatcher.sglang.sources import RELEASES
+
+    text = fetch.fetch_release(RELEASES[-1]).read_text()
+    assert text.count(MIN_FOR_MAX[0]) == 1
+    out = {}
+    for name, edited in (("harmless", text + "\n# a comment: changes nothing\n"),
+                         ("wrong", text.replace(*MIN_FOR_MAX))):
+        path = folder / name / "flashinfer.py"
+        path.parent.mkdir(parents=True)
+        path.write_text(edited)
+        out[name] = path
+    return out
+
+
+def critical_path(timeline: Path) -> dict:
+    rows = [json.loads(line) for f in timeline.glob("*.jsonl") for line in f.read_text().splitlines()]
+    if not rows:
+        return {}
+    tests, busy = {}, {}
+    for r in rows:
+        tests[r["test"]] = tests.get(r["test"], 0.0) + r["duration"]
+        busy[r["worker"]] = busy.get(r["worker"], 0.0) + r["duration"]
+    longest, worker = max(tests, key=tests.get), max(busy, key=busy.get)
+    return {"longest_test": longest, "longest_test_s": round(tests[longest], 2),
+            "busiest_worker": worker, "busiest_worker_s": round(busy[worker], 1),
+            "workers": len(busy), "tests_s_summed": round(sum(busy.values()), 1)}
 
 
 def one_run(profile: str, args: list, timeout: float, log: Path = None) -> dict:
-    env = {**os.environ, "HYPOTHESIS_PROFILE": profile}
-    cmd = [sys.executable, "-m", "pytest", "-n", "auto", "-q", "-rf", "-p", "no:cacheprovider", *args]
-    t = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - t
+    with tempfile.TemporaryDirectory() as timeline:
+        env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "A2A_GATE_TIMELINE_DIR": timeline,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"),
+                                                          os.environ.get("PYTHONPATH")]))}
+        cmd = [sys.executable, "-m", "pytest", "-n", "auto", "-q", "-rf", "-p", "no:cacheprovider",
+               "-p", "suite_timeline", *args]
+        t = time.perf_counter()
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        wall = time.perf_counter() - t
+        path = critical_path(Path(timeline))
     if log is not None:
         log.write_text(done.stdout + done.stderr)
     lines = [ln for ln in done.stdout.strip().splitlines() if ln.strip()]
     failed = [ln for ln in lines if ln.startswith("FAILED ")]
     return {"wall_s": round(wall, 1), "exit": done.returncode, "summary": lines[-1] if lines else "",
-            **({"failed": failed} if failed else {})}
+            **({"critical_path": path} if path else {}), **({"failed": failed[:5]} if failed else {})}
 
 
 def main() -> int:
@@ -42,30 +94,48 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", default="ci")
+    ap.add_argument("--only", nargs="+", help="scenarios to run (default: all)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--out", help="write the figures here (JSON)")
-    ap.add_argument("--log-dir", help="keep each run's whole pytest output here (run-N.log)")
+    ap.add_argument("--log-dir", help="keep each run's whole pytest output here")
     ap.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
     a = ap.parse_args()
-    runs = []
     logs = Path(a.log_dir) if a.log_dir else None
     if logs:
         logs.mkdir(parents=True, exist_ok=True)
-    for i in range(a.runs):
-        runs.append(one_run(a.profile, a.pytest_args, a.timeout,
-                            logs / f"run-{i + 1}.log" if logs else None))
-        print(f"run {i + 1}: {runs[-1]['wall_s']} s  {runs[-1]['summary']}", flush=True)
-    walls = [r["wall_s"] for r in runs]
-    figures = {
-        "command": f"HYPOTHESIS_PROFILE={a.profile} pytest -n auto {' '.join(a.pytest_args)}".strip(),
-        "machine": f"{os.cpu_count()} cores, {platform.machine()}, python {platform.python_version()}",
-        "median_wall_s": statistics.median(walls), "min_wall_s": min(walls),
-        "max_wall_s": max(walls), "runs": runs,
-    }
+    with tempfile.TemporaryDirectory() as tmp:
+        files = sglang_files(Path(tmp))
+        scenarios = {
+            "whole": ([], 0),
+            "gate-sglang-file": ([f"--policy=sglang:{files['harmless']}"], 0),
+            "verdict-wrong-rule": (["-x", "--policy=prefix_rule"], FAILS),
+            "verdict-wrong-sglang-file": (["-x", f"--policy=sglang:{files['wrong']}"], FAILS),
+        }
+        figures = {"profile": a.profile, "pytest_args": a.pytest_args,
+                   "machine": f"{os.cpu_count()} cores, {platform.machine()}, python "
+                              f"{platform.python_version()}", "scenarios": {}}
+        for name, (args, expect) in scenarios.items():
+            if a.only and name not in a.only:
+                continue
+            runs = []
+            for i in range(a.runs):
+                runs.append(one_run(a.profile, args + a.pytest_args, a.timeout,
+                                    logs / f"{name}-{i + 1}.log" if logs else None))
+                print(f"{name} run {i + 1}: {runs[-1]['wall_s']} s exit {runs[-1]['exit']}  "
+                      f"{runs[-1]['summary']}", flush=True)
+            walls = [r["wall_s"] for r in runs]
+            figures["scenarios"][name] = {
+                "command": f"HYPOTHESIS_PROFILE={a.profile} pytest -n auto "
+                           f"{' '.join(args + a.pytest_args)}".strip(),
+                "expected_exit": expect, "median_wall_s": statistics.median(walls),
+                "min_wall_s": min(walls), "max_wall_s": max(walls), "runs": runs}
     print(json.dumps(figures, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(figures, indent=1) + "\n")
-    return 0 if all(r["exit"] == 0 for r in runs) else 1
+    ok = all(r["exit"] in (s["expected_exit"] if s["expected_exit"] else (0,))
+             and (not s["expected_exit"] or " failed" in r["summary"])
+             for s in figures["scenarios"].values() for r in s["runs"])
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

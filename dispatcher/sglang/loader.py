@@ -349,14 +349,14 @@ def load_release(path, label: Optional[str] = None, flashinfer: str = "recorder"
         raise fetch.ReleaseError(f"sglang:{path}: expected SGLang's flashinfer.py, an SGLang "
                                  f"checkout, a wheel or a release version")
     digest = fetch.sha256(path)
+    module = _exec(path, digest, flashinfer, active().version)  # the file itself first
+    if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
+        raise fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
+                                 f"not SGLang's token_dispatcher/flashinfer.py")
     companions = companions_of(path)
     key = (digest, companions.key, flashinfer, label or str(path))
     if key in _LOADED:
         return _LOADED[key]
-    module = _exec(path, digest, flashinfer, active().version)
-    if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
-        raise fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
-                                 f"not SGLang's token_dispatcher/flashinfer.py")
     hooks = Hooks(
         scheduler=load_scheduler(companions, stand_in_globals()),
         require_mlp_tp_gather=_companion(companions.source("require_mlp_tp_gather"),

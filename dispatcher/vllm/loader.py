@@ -336,15 +336,15 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
         raise ReleaseError(f"vllm:{path}: expected vLLM's flashinfer_nvlink_one_sided.py (or "
                            f"two_sided), a vLLM checkout, a wheel or a release version")
     digest = sha256(path)
-    companions = companions_of(path)
-    key = (digest, companions.key, label or str(path))
-    if key in _LOADED:
-        return _LOADED[key]
-    module = _exec(path, digest, active().version)
+    module = _exec(path, digest, active().version)  # the file itself first
     side = next((s for s, cls in SIDES.items() if isinstance(getattr(module, cls, None), type)), None)
     if side is None:
         raise ReleaseError(f"vllm:{path} defines neither {' nor '.join(SIDES.values())}: it is "
                            f"not vLLM's FlashInfer NVLink prepare/finalize file")
+    companions = companions_of(path)
+    key = (digest, companions.key, label or str(path))
+    if key in _LOADED:
+        return _LOADED[key]
     import torch
 
     source = companions.source("_compute_sp_num_tokens")

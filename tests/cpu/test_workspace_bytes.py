@@ -91,6 +91,10 @@ layout_calls = st.tuples(
     st.integers(0, 512))  # EPLB statistics experts
 
 
+ONE_BUILD = pytest.mark.xdist_group("flashinfer-host-layout-074")  # one worker compiles it once
+
+
+@ONE_BUILD
 @given(calls=st.lists(layout_calls, min_size=1, max_size=40))
 def test_074_offsets_equal_flashinfers_layout_function(host_layout_074, calls):
     from dispatcher.flashinfer.host_layout import model_fields
@@ -104,6 +108,7 @@ def test_074_offsets_equal_flashinfers_layout_function(host_layout_074, calls):
         assert got["cft_enabled"] == 0 and got["lamport_max_num_tokens"] == 0
 
 
+@ONE_BUILD
 @given(world=worlds(moe=moe_configs))
 def test_074_workspace_of_every_world_is_flashinfers(host_layout_074, world):
     """What NVLinkOneSidedAlltoAll would allocate for the world's cap and MoE shapes."""
@@ -120,6 +125,7 @@ def test_074_workspace_of_every_world_is_flashinfers(host_layout_074, world):
     assert lay.combine_offset == got["combine_input_offset"]
 
 
+@ONE_BUILD
 def test_074_refuses_what_flashinfer_refuses(host_layout_074):
     bad = [(0, 1, 8, 1, 1, 0, 0, 0), (257, 1, 8, 1, 1, 0, 0, 0), (2, 0, 8, 1, 1, 0, 0, 0),
            (2, 1, 0, 1, 1, 0, 0, 0), (2, 1, 23, 1, 1, 0, 0, 0)]

@@ -1,6 +1,7 @@
 """The installable gate carries the whole suite: every package folder is in the wheel's list,
 the suite's settings are the same from a checkout and from ``a2a-gate``, and the console script
 runs the suite from a directory outside the repository."""
+import os
 import subprocess
 import sys
 
@@ -36,9 +37,26 @@ def test_the_settings_are_the_same_from_a_checkout_and_from_a2a_gate():
     assert set(MARKERS) == {"gpu", "multi_gpu", "real_kernels", "engine_releases", "self_check"}
 
 
-def test_a2a_gate_runs_the_suite_from_outside_the_repository(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "-p", "no:cacheprovider",
-                           "--co", "-q"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+def test_a2a_gate_runs_the_suite_from_outside_the_repository(tmp_path, monkeypatch):
+    """From any folder, as its console script runs it: the whole suite is collected, and what
+    lies in that folder (a ``json.py``, ``socket.py``, ``struct.py``) is never imported by the
+    gate's processes (the controller, the policy's probe, xdist's workers)."""
+    from dispatcher.procs import DROP_CWD
+
+    rules, here = tmp_path / "rules", tmp_path / "here"
+    rules.mkdir()
+    here.mkdir()
+    (rules / "elsewhere_rule.py").write_text("from dispatcher.sizing import ideal_rule as rule\n")
+    for name in ("json", "socket", "struct"):
+        (here / f"{name}.py").write_text(f"open({str(here / ('ran-' + name))!r}, 'w').close()\n"
+                                         f"raise ImportError('the {name}.py of the current folder')\n")
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(rules), str(SOURCE), *rest]))
+    gate = [sys.executable, "-c", DROP_CWD + "from dispatcher.cli import main\nsys.exit(main())"]
+    done = subprocess.run(gate + ["-p", "no:cacheprovider", "--co", "-q", "-n", "2",
+                                  "--policy=elsewhere_rule:rule", "--self-check"],
+                          capture_output=True, text=True, cwd=here, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert " tests collected" in done.stdout and "test_sglang_end_to_end" in done.stdout
+    assert not list(here.glob("ran-*")), list(here.glob("ran-*"))
     assert "-c" in suite_args()
