@@ -81,6 +81,9 @@ def one_run(profile: str, args: list, timeout: float, log: Path = None) -> dict:
                               timeout=timeout)
         wall = time.perf_counter() - t
         path = critical_path(Path(timeline))
+        if log is not None and (Path(timeline) / "timeline.jsonl").is_file():
+            (log.parent / (log.stem + ".timeline.jsonl")).write_text(
+                (Path(timeline) / "timeline.jsonl").read_text())
     if log is not None:
         log.write_text(done.stdout + done.stderr)
     lines = [ln for ln in done.stdout.strip().splitlines() if ln.strip()]

@@ -396,6 +396,33 @@ def _join_xdist_group(item) -> None:
         item._nodeid = nodeid
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist=loadgroup`` with the costly groups pinned (``dispatcher/scheduling.py``)."""
+    if config.getvalue("dist") == "loadgroup":
+        from dispatcher.scheduling import PinnedGroupScheduling
+
+        return PinnedGroupScheduling(config, log)
+    return None
+
+
+def pytest_collection_finish(session):
+    """In an xdist worker: start, in the background, the costly resources of the groups pinned
+    to it that have a test to run here (``dispatcher.gpu.warm``)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or not getattr(session.config.option, "loadgroup", False):
+        return
+    from dispatcher.gpu import warm
+
+    groups = {}
+    for item in session.items:
+        for mark in item.iter_markers("xdist_group"):
+            name = str(mark.args[0] if mark.args else mark.kwargs.get("name", ""))
+            groups[name] = groups.get(name, False) or not item.stash.get(_UNAVAILABLE, "")
+    warm.start_for(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), groups,
+                   lambda group: groups[group])
+
+
 def pytest_runtest_setup(item):
     reason = item.stash.get(_UNAVAILABLE, "")
     if reason:
@@ -427,6 +454,8 @@ _OPEN_CONFIGS = []  # sessions of this process, outermost first (pytester runs n
 
 def pytest_sessionfinish(session, exitstatus):
     session.config.stash[_EXIT] = int(exitstatus)
+    if "dispatcher.gpu.warm" in sys.modules:
+        sys.modules["dispatcher.gpu.warm"].close_unused()
 
 
 @pytest.hookimpl(trylast=True)

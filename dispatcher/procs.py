@@ -13,10 +13,11 @@ __all__ = ["DROP_CWD", "die_with_parent", "raise_on_sigterm", "python_child", "c
            "run_bounded", "kill_group", "keep_cwd_off_children_paths"]
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds dispatcher/
-# ``python -c`` puts the current directory first on sys.path: a child of the gate takes it off
-# before anything else is imported, so a json.py or socket.py lying there is never run
-DROP_CWD = ("import os, sys\n"
-            "if sys.path and sys.path[0] in ('', os.getcwd()):\n"
+# ``python -c`` puts the current directory first on sys.path, as '' (not under PYTHONSAFEPATH):
+# a child of the gate takes it off before anything else is imported, so a json.py or socket.py
+# lying there is never run (a PYTHONPATH entry that happens to be the current folder stays)
+DROP_CWD = ("import sys\n"
+            "if sys.path and sys.path[0] == '':\n"
             "    del sys.path[0]\n")
 _BOOT = (DROP_CWD + "sys.argv = sys.argv[1:]\nimport runpy\n"
          "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n")

@@ -5,7 +5,7 @@ runs in the one worker that started it, and the pools of different groups run si
 on the GPUs (each pool its own processes, port and workspaces)."""
 import pytest
 
-from dispatcher.gpu.env import flashinfer_missing, gpu_count
+from dispatcher.gpu.env import gpu_count
 
 
 def on_pool(ep_size: int, use: str = "shared"):
@@ -23,17 +23,15 @@ def ep_sizes():
 
 @pytest.fixture(scope="session")
 def pools():
-    from dispatcher.gpu.rank_pool import RankPool
-    from strategies import GPU_SHAPES
+    """``get(ep_size)``: that pool, started in the background by this worker after collection
+    where the scheduler pinned the pool's group to it (``dispatcher.gpu.warm``)."""
+    from dispatcher.gpu import warm
 
     made = {}
 
     def get(ep_size):
         if ep_size not in made:
-            made[ep_size] = RankPool(ep_size, max(1, gpu_count()),
-                                     GPU_SHAPES.largest.dispatch_bytes,
-                                     GPU_SHAPES.largest.combine_bytes,
-                                     emulated=bool(flashinfer_missing()))
+            made[ep_size] = warm.take(f"rank-pool-{ep_size}-shared")
         return made[ep_size]
     yield get
     for pool in made.values():

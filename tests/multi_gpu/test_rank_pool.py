@@ -56,18 +56,25 @@ def test_validation_refuses_before_any_kernel(pools):
     pool.run(world, "dispatcher.sizing:ideal_rule")
 
 
-@on_pool(2, "rebuilt")
-def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt(pools):
-    from dispatcher.gpu.rank_pool import RankCrashed
+def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt():
+    """The pool's own machinery (no kernel is involved: a rank process is killed), so on the
+    exact CPU model, where a start costs a second rather than a CUDA context and FlashInfer's
+    module per rank twice; the real kernels' start is the shared pool's."""
+    from dispatcher.gpu.rank_pool import RankCrashed, RankPool
+    from strategies import GPU_SHAPES
 
-    pool = pools(2)
-    world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=64)
-    before = pool.restarts
-    pool._procs[1].kill()
-    with pytest.raises(RankCrashed):
+    pool = RankPool(2, 1, GPU_SHAPES.largest.dispatch_bytes, GPU_SHAPES.largest.combine_bytes,
+                    emulated=True)
+    try:
+        world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=64)
+        before = pool.restarts
+        pool._procs[1].kill()
+        with pytest.raises(RankCrashed):
+            pool.run(world, "dispatcher.sizing:ideal_rule")
+        assert pool.restarts == before + 1
         pool.run(world, "dispatcher.sizing:ideal_rule")
-    assert pool.restarts == before + 1
-    pool.run(world, "dispatcher.sizing:ideal_rule")
+    finally:
+        pool.close()
 
 
 @on_pool(2, "shared")
@@ -91,7 +98,9 @@ def test_a_python_error_on_every_rank_keeps_the_pool(pools):
 
 
 def test_rank_processes_exit_when_their_parent_is_killed(tmp_path):
-    """A killed pytest worker must not leave rank processes holding GPU memory."""
+    """A killed pytest worker must not leave rank processes holding GPU memory (the ranks'
+    watch of their parent is the same with or without kernels: the exact CPU model's pool
+    starts in a second)."""
     import os
     import signal
     import subprocess
@@ -105,8 +114,8 @@ def test_rank_processes_exit_when_their_parent_is_killed(tmp_path):
         "from dispatcher.gpu.rank_pool import RankPool\n"
         "from strategies import GPU_SHAPES\n"
         "if __name__ == '__main__':  # a child process must not start a pool of its own\n"
-        "    pool = RankPool(2, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,\n"
-        "                    GPU_SHAPES.largest.combine_bytes, emulated=gpu_count() == 0)\n"
+        "    pool = RankPool(2, 1, GPU_SHAPES.largest.dispatch_bytes,\n"
+        "                    GPU_SHAPES.largest.combine_bytes, emulated=True)\n"
         "    print(' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
         "    time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,

@@ -10,12 +10,11 @@ equal the model's, and the workspace SGLang built equals the byte model for its 
 """
 import pytest
 
-from dispatcher.gpu.env import flashinfer_missing, gpu_count
 from dispatcher.model import properties
 from dispatcher.model.sglang_context import SGLangContext
 from dispatcher.policies import load_policy
 from dispatcher.model.world import MoeConfig, World
-from strategies import GPU_SHAPES, sglang_pool_worlds
+from strategies import sglang_pool_worlds
 
 from .conftest import ep_sizes, on_pool, search
 
@@ -89,22 +88,21 @@ COLLAPSED_WORLD = World(ep_size=2, dp_size=2, group_tokens=(1, 2), max_num_token
                         moe=MoeConfig(hidden_size=128, top_k=8, num_experts=64, routing="hot_rank"))
 
 
-def test_a_rank_variant_release_is_caught_through_the_kernels():
-    """With the CPU agreement bypassed, in a throwaway pool, the kernels' (or the exact
-    model's) damage is what fails the example: wrong combine output, or a CUDA fault."""
-    from dispatcher.gpu.rank_pool import RankPool, RemoteKernelFault, RemoteMismatch
+@on_pool(2)
+def test_a_rank_variant_release_is_caught_through_the_kernels(pools):
+    """With the CPU agreement bypassed, the kernels' (or the exact model's) damage is what
+    fails the example: wrong combine output, or a CUDA fault (then the pool rebuilds itself
+    before its next example, as after any faulted rank)."""
+    from dispatcher.gpu.rank_pool import RemoteKernelFault, RemoteMismatch
 
-    pool = RankPool(2, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,
-                    GPU_SHAPES.largest.combine_bytes, emulated=bool(flashinfer_missing()))
-    try:
-        if real_074(pool):
-            return assert_sglang_cannot_run_on_074(pool, "sglang:0.5.13")
-        with pytest.raises((RemoteMismatch, RemoteKernelFault)) as info:
-            pool.run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", bypass=True, ctx=COLLAPSED)
-        assert "differs from the reference" in str(info.value) or "CUDA" in str(info.value) \
-            or "recv counts" in str(info.value)
-    finally:
-        pool.close()
+    pool = pools(2)
+    if real_074(pool):
+        return assert_sglang_cannot_run_on_074(pool, "sglang:0.5.13")
+    with pytest.raises((RemoteMismatch, RemoteKernelFault)) as info:
+        pool.run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", bypass=True, ctx=COLLAPSED)
+    assert "differs from the reference" in str(info.value) or "CUDA" in str(info.value) \
+        or "recv counts" in str(info.value)
+    pool.run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", ctx=SGLangContext())  # and it goes on
 
 
 @on_pool(2)

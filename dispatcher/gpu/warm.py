@@ -1,0 +1,106 @@
+"""What takes seconds to start (a rank pool; the single-GPU driver: a CUDA context and
+FlashInfer's module), started in the background by the one process that will use it, while it
+collects and runs other tests.
+
+The tests that share such a resource carry its ``xdist_group``; the gate's scheduler
+(``dispatcher/plugin.py``) pins each of these groups to one xdist worker known before the run
+(``pinned_worker``), so that worker starts the resource right after collection
+(``start_for``), and the tests' fixtures ``take`` it (waiting for it, or starting it then
+where nothing was started). One definition of each resource (``RESOURCES``) serves both.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Dict, Iterable, Optional
+
+__all__ = ["RESOURCES", "PINNED", "pinned_worker", "start", "start_for", "take", "close_unused"]
+
+
+def _pool(ep_size: int) -> Callable[[], object]:
+    def make():
+        from strategies import GPU_SHAPES
+
+        from .env import flashinfer_missing, gpu_count
+        from .rank_pool import RankPool
+
+        return RankPool(ep_size, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,
+                        GPU_SHAPES.largest.combine_bytes, emulated=bool(flashinfer_missing()))
+    return make
+
+
+def _single_gpu():
+    from . import env
+    from .single import for_installed
+
+    env.apply()  # before this process's CUDA starts (CUDA_DEVICE_MAX_CONNECTIONS among them)
+    return for_installed()  # the installed FlashInfer's generation (0.7.2 or 0.7.4)
+
+
+# xdist group -> how its resource is made
+RESOURCES: Dict[str, Callable[[], object]] = {
+    "gpu-single": _single_gpu,
+    "rank-pool-2-shared": _pool(2),
+    "rank-pool-4-shared": _pool(4),
+}
+PINNED = tuple(RESOURCES)  # the groups pinned to a worker each, in this order
+
+
+def pinned_worker(group: str, workers: int) -> Optional[str]:
+    """The xdist worker id (``gw<i>``) that runs ``group``'s tests, or None if it is not pinned."""
+    if group not in PINNED or workers < 1:
+        return None
+    return f"gw{PINNED.index(group) % workers}"
+
+
+_STARTED: Dict[str, tuple] = {}
+_LOCK = threading.Lock()
+
+
+def start(name: str) -> None:
+    """Start ``RESOURCES[name]`` in a background thread (once)."""
+    with _LOCK:
+        if name in _STARTED:
+            return
+        box: dict = {}
+
+        def run():
+            try:
+                box["value"] = RESOURCES[name]()
+            except BaseException as exc:  # noqa: BLE001 - raised again where it is taken
+                box["error"] = exc
+        thread = threading.Thread(target=run, name=f"a2a-gate-warm-{name}", daemon=True)
+        _STARTED[name] = (thread, box)
+        thread.start()
+
+
+def start_for(worker: str, workers: int, groups: Iterable[str], usable: Callable[[str], bool]) -> None:
+    """In xdist worker ``worker``: start each resource whose group is pinned to it and has a
+    selected test that can run here (``usable``)."""
+    for group in set(groups):
+        if pinned_worker(group, workers) == worker and usable(group):
+            start(group)
+
+
+def take(name: str):
+    """The resource, started earlier or now; its start's error is raised here."""
+    with _LOCK:
+        entry = _STARTED.pop(name, None)
+    if entry is None:
+        return RESOURCES[name]()
+    thread, box = entry
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def close_unused() -> None:
+    """Close what was started and never taken (its tests were not run after all)."""
+    with _LOCK:
+        left = list(_STARTED.items())
+        _STARTED.clear()
+    for _, (thread, box) in left:
+        thread.join()
+        close = getattr(box.get("value"), "close", None)
+        if close is not None:
+            close()
