@@ -56,7 +56,10 @@ def sglang_files(folder: Path) -> dict:
 
 
 def critical_path(timeline: Path) -> dict:
-    rows = [json.loads(line) for f in timeline.glob("*.jsonl") for line in f.read_text().splitlines()]
+    """The longest test, the busiest worker, and how long before the first test started and
+    after the last one ended (from the session's configure to its unconfigure)."""
+    lines = [json.loads(line) for f in timeline.glob("*.jsonl") for line in f.read_text().splitlines()]
+    rows = [r for r in lines if "test" in r]
     if not rows:
         return {}
     tests, busy = {}, {}
@@ -64,9 +67,20 @@ def critical_path(timeline: Path) -> dict:
         tests[r["test"]] = tests.get(r["test"], 0.0) + r["duration"]
         busy[r["worker"]] = busy.get(r["worker"], 0.0) + r["duration"]
     longest, worker = max(tests, key=tests.get), max(busy, key=busy.get)
-    return {"longest_test": longest, "longest_test_s": round(tests[longest], 2),
-            "busiest_worker": worker, "busiest_worker_s": round(busy[worker], 1),
-            "workers": len(busy), "tests_s_summed": round(sum(busy.values()), 1)}
+    out = {"longest_test": longest, "longest_test_s": round(tests[longest], 2),
+           "busiest_worker": worker, "busiest_worker_s": round(busy[worker], 1),
+           "workers": len(busy), "tests_s_summed": round(sum(busy.values()), 1)}
+    events = {r["event"]: r["time"] for r in lines if "event" in r and r["event"] != "collected"}
+    collected = [r["time"] for r in lines if r.get("event") == "collected"]
+    starts = [r["start"] for r in rows if r.get("start")]
+    stops = [r["stop"] for r in rows if r.get("stop")]
+    if "configure" in events and starts:
+        out["before_first_test_s"] = round(min(starts) - events["configure"], 1)
+        if collected:
+            out["last_worker_collected_s"] = round(max(collected) - events["configure"], 1)
+    if "unconfigure" in events and stops:
+        out["after_last_test_s"] = round(events["unconfigure"] - max(stops), 1)
+    return out
 
 
 def one_run(profile: str, args: list, timeout: float, log: Path = None) -> dict:

@@ -274,13 +274,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--bad", required=True, help="a commit where the gate fails")
     parser.add_argument("--repo", default=".", help="the engine's git checkout (default: .)")
     parser.add_argument("--engine", choices=sorted(ENGINES), help="default: from the files")
+    parser.add_argument("--logs", metavar="DIR", help="where each commit's log is kept "
+                                                        "(default: a new folder in the temp dir)")
     parser.add_argument("--replay", metavar="LINE",
                         help="a failing run's replay line (python -m dispatcher ...): --bad is "
                              "judged by it, without a gate run")
     args = parser.parse_args(own)  # exits 2 on bad arguments
     try:
+        logs = Path(args.logs).resolve() if args.logs else None
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
         print(bisect(Path(args.repo).resolve(), args.good, args.bad, args.engine, pytest_args,
-                     replay=args.replay))
+                     replay=args.replay, logs=logs))
     except BisectError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from pathlib import Path
 
 # Each xdist worker is one process of many: one thread each for numpy's BLAS, OpenMP and
 # torch, or N workers x N threads fight over the cores (set before numpy/torch load).
@@ -49,7 +50,7 @@ from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
 from dispatcher.model.guard import CALL_TIMEOUT  # noqa: E402
 from dispatcher.policies import (DEFAULT_POLICY, PolicyError, describe_policy,  # noqa: E402
-                                 engine_spec, load_policy, probe_policy)
+                                 engine_spec, load_policy, load_timeout_s, probe_policy)
 
 # --- Hypothesis profiles: registered once, chosen by HYPOTHESIS_PROFILE -------------------
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -63,10 +64,11 @@ PROFILES = {
 }
 for _name, _profile in PROFILES.items():
     settings.register_profile(_name, _profile)
-_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser, pluginmanager):
+    if not pluginmanager.has_plugin("xdist"):  # -p no:xdist: the suite's --dist=loadgroup
+        parser.addoption("--dist", default="no", help="(pytest-xdist is not active: ignored)")
     group = parser.getgroup("a2a-sizing-gate")
     group.addoption("--policy", default=DEFAULT_POLICY, metavar="SPEC",
                     help="sizing rule under test: NAME, module:callable, sglang[:VERSION|PATH] "
@@ -195,14 +197,40 @@ MARKERS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis's own plugin loads --hypothesis-profile
 def pytest_configure(config):
     _OPEN_CONFIGS.append(config)
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    if _PROFILE not in PROFILES:
-        raise pytest.UsageError(f"HYPOTHESIS_PROFILE={_PROFILE!r} is not a profile of this "
-                                f"suite: use one of {', '.join(PROFILES)}")
-    settings.load_profile(_PROFILE)
+    if not config.pluginmanager.has_plugin("xdist"):  # -p no:xdist: its marks mean nothing
+        config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's (not active)")
+    asked = config.getoption("hypothesis_profile", None)
+    env = os.environ.get("HYPOTHESIS_PROFILE", "dev")
+    where = f"--hypothesis-profile={asked}" if asked else f"HYPOTHESIS_PROFILE={env}"
+    profile = asked or env
+    if profile not in PROFILES:
+        raise pytest.UsageError(f"{where} is not a profile of this suite: use one of "
+                                f"{', '.join(PROFILES)}")
+    database = _database(config)  # never the folder the gate is run from (an engine's)
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(str(Path(database.path).parent))  # its other caches beside it
+    for name, chosen in PROFILES.items():
+        if chosen.database is not None:
+            settings.register_profile(name, settings(chosen, database=database))
+    config.stash[_OUTER_PROFILE] = settings.get_current_profile_name()  # a nested run's
+    settings.load_profile(profile)                                      # own, put back after
+    config.stash[_PROFILE_KEY] = profile
+    specs = [a for a in config.invocation_params.args
+             if str(a) == "--policy" or str(a).startswith("--policy=")]
+    if len(specs) > 1:
+        raise pytest.UsageError(f"--policy is given {len(specs)} times: one policy per run "
+                                f"(gate each in its own run)")
+    try:
+        load_timeout_s()
+    except PolicyError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    _raise_on_sigterm()
     budget = config.getoption("--rule-budget-ms")
     if not math.isfinite(budget) or budget <= 0:
         raise pytest.UsageError(f"--rule-budget-ms must be a positive number of milliseconds, "
@@ -229,6 +257,22 @@ def pytest_configure(config):
 
 
 _DESCRIBED = pytest.StashKey[str]()
+_PROFILE_KEY = pytest.StashKey[str]()
+_OUTER_PROFILE = pytest.StashKey[str]()
+
+
+def _raise_on_sigterm() -> None:
+    """SIGTERM (a CI job cancelled) unwinds this process like Ctrl-C: fixtures tear down, so
+    rank pools and their temporary folders go with it (where nobody set a handler first)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        def stop(signum, frame):
+            raise KeyboardInterrupt("SIGTERM")
+        signal.signal(signal.SIGTERM, stop)
 _PROBE = pytest.StashKey["_Probe"]()
 
 
@@ -273,18 +317,32 @@ def _choose_generation(asked) -> None:
     from dispatcher.model import generations
 
     installed = generations.installed_version()
+    if asked is not None and not asked.strip():
+        raise pytest.UsageError(f"--flashinfer= names no version: give one of "
+                                f"{', '.join(generations.RELEASES)}, or leave the option out")
     # No option: a generation set by an enclosing gate session (the pinned SGLang and vLLM
     # histories run their nested sessions on 0.7.2), else the installed one, else 0.7.2. A
     # model other than the installed kernels then keeps the GPU tiers out (dispatcher/gpu/env.py).
     inherited = os.environ.get(generations.ENV) if asked is None else None
+    for where, value in ((f"--flashinfer={asked}", asked),
+                         (f"${generations.ENV}={inherited}", inherited),
+                         (f"the installed FlashInfer {installed}", installed)):
+        if value:
+            try:
+                chosen = generations.generation_of(value)
+            except generations.UnknownGeneration as exc:
+                raise pytest.UsageError(f"{where}: {exc}") from None
+            break
+    else:
+        chosen = generations.generation_of(generations.DEFAULT)
     try:
-        chosen = generations.generation_of(asked or inherited or installed or generations.DEFAULT)
-        if asked and installed and generations.generation_of(installed) != chosen:
-            raise pytest.UsageError(
-                f"--flashinfer={asked} but FlashInfer {installed} is installed: the GPU tiers "
-                f"run the installed kernels; install flashinfer-python=={asked} or drop the option")
-    except generations.UnknownGeneration as exc:
-        raise pytest.UsageError(str(exc)) from None
+        installed_gen = generations.generation_of(installed) if installed else None
+    except generations.UnknownGeneration:
+        installed_gen = None  # modelled as chosen; the GPU tiers say the installed one is unknown
+    if asked and installed_gen is not None and installed_gen != chosen:
+        raise pytest.UsageError(
+            f"--flashinfer={asked} but FlashInfer {installed} is installed: the GPU tiers "
+            f"run the installed kernels; install flashinfer-python=={asked} or drop the option")
     os.environ[generations.ENV] = chosen.version
 
 
@@ -296,9 +354,34 @@ def pytest_report_header(config):
                  "deselected: --self-check runs them too")
     from dispatcher.model.generations import active
 
-    return [line, f"hypothesis profile: {_PROFILE}; FlashInfer: {_flashinfer_version()} "
+    profile = config.stash.get(_PROFILE_KEY, "dev")
+    if profile == "repro" and not _saved_examples():
+        line += ("\n  the repro profile replays the failures saved in the example database "
+                 f"({getattr(settings().database, 'path', 'none')}), and it is empty here: nothing is searched, so this "
+                 "run checks only the pinned examples (HYPOTHESIS_PROFILE=ci searches)")
+    return [line, f"hypothesis profile: {profile}; FlashInfer: {_flashinfer_version()} "
                   f"(modelled: {active().version}); "
                   f"GPU tiers: {flashinfer_missing() or 'available'}"]
+
+
+def _database(config):
+    """The example database: a checkout's own ``.hypothesis/`` (ignored by git), or beside
+    the release caches where the suite runs installed (``a2a-gate``), never in the folder the
+    gate is run from (an engine's checkout)."""
+    import dispatcher
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    if config.rootpath == Path(dispatcher.__file__).resolve().parent / "suite":  # installed
+        from dispatcher.wheels import user_cache
+
+        return DirectoryBasedExampleDatabase(str(user_cache() / "hypothesis"))
+    return DirectoryBasedExampleDatabase(str(config.rootpath / ".hypothesis" / "examples"))
+
+
+def _saved_examples() -> bool:
+    """Whether the example database the repro profile replays holds anything."""
+    folder = getattr(settings().database, "path", None)
+    return folder is not None and Path(folder).is_dir() and any(Path(folder).iterdir())
 
 
 def _flashinfer_version() -> str:
@@ -471,6 +554,8 @@ def pytest_unconfigure(config):
 
     if config in _OPEN_CONFIGS:
         _OPEN_CONFIGS.remove(config)
+    if _OPEN_CONFIGS and _OUTER_PROFILE in config.stash:  # a nested (pytester) session ended
+        settings.load_profile(config.stash[_OUTER_PROFILE])
     if hasattr(config, "workerinput") or _EXIT not in config.stash or _OPEN_CONFIGS:
         return
     status = config.stash[_EXIT]

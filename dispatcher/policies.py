@@ -18,6 +18,7 @@ import importlib
 import os
 import sys
 import traceback
+import warnings
 from typing import Tuple
 
 from .engines import ENGINES, engine_of_spec
@@ -67,6 +68,7 @@ def load_policy(spec: str) -> Tuple[str, Policy]:
         raise PolicyError(f"unknown policy {spec!r}: use module:callable, sglang[:VERSION|PATH], "
                           f"vllm[:VERSION|PATH] or one of {sorted(NAMED)}")
     module, _, attr = spec.partition(":")
+    here = os.getcwd()
     try:
         obj = importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -77,6 +79,11 @@ def load_policy(spec: str) -> Tuple[str, Policy]:
         where = traceback.extract_tb(exc.__traceback__)[-1]
         raise PolicyError(f"--policy {spec}: importing {module!r} raised "
                           f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})") from None
+    finally:
+        if os.getcwd() != here:  # the module changed directory at import: not the gate's
+            warnings.warn(f"--policy {spec}: importing {module!r} changed the current "
+                          f"directory to {os.getcwd()}; the gate changed it back to {here}")
+            os.chdir(here)
     for part in attr.split("."):
         if not part or not hasattr(obj, part):
             raise PolicyError(f"--policy {spec}: {module!r} has no attribute {attr!r}")

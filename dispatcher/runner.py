@@ -25,7 +25,10 @@ def _suite() -> Tuple[Path, List[str]]:
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("a2a-gate: the suite (dispatcher.suite) is not installed with the gate")
     suite = Path(list(spec.submodule_search_locations)[0])
-    return suite, ["-c", os.devnull, "--rootdir", str(suite), "-p", "dispatcher.plugin", *INI_ARGS]
+    from .wheels import user_cache  # pytest's cache beside the releases, not in site-packages
+
+    return suite, ["-c", os.devnull, "--rootdir", str(suite), "-p", "dispatcher.plugin",
+                   *INI_ARGS, "-o", f"cache_dir={user_cache() / 'pytest-cache'}"]
 
 
 def suite_args(parts: Tuple[str, ...] = (), args: Sequence[str] = ()) -> List[str]:

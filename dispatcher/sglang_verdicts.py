@@ -19,6 +19,14 @@ def main(argv=None) -> int:
     if left_out:
         parser.error(f"--engine {args.engine} does not gate {', '.join(left_out)} "
                      f"(use --engine both, or leave them out)")
+    from .policies import PolicyError, probe_policy
+
+    try:  # each named file loaded once in a child process first (exits, endless loads)
+        for spec in args.specs:
+            probe_policy(spec if spec.startswith(("sglang", "vllm")) else f"sglang:{spec}")
+    except PolicyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.engine in ("sglang", "both") and (sglang_specs or not args.specs):
             from .sglang.verdicts import RELEASES as SGLANG, tables as sglang_tables

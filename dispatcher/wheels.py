@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-__all__ = ["ReleaseError", "Package", "sha256", "exec_engine_file",
+__all__ = ["ReleaseError", "Package", "sha256", "exec_engine_file", "user_cache",
            "reentrant", "fetch_main", "PIP_TIMEOUT_S"]
 
 PIP_TIMEOUT_S = 300
@@ -100,8 +100,7 @@ class Package:
             return Path(configured)
         if (_REPO / "pyproject.toml").is_file():  # a checkout (editable install included)
             return _REPO / f".{self.name}"
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        return Path(base) / "a2a-sizing-gate" / self.name
+        return user_cache() / self.name
 
     def canonical_version(self, version: str) -> str:
         from packaging.version import InvalidVersion, Version
@@ -168,20 +167,27 @@ class Package:
             looked_for = manifest.get("looked_for")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-        if looked_for != list(self.main + self.companions):  # kept by an older gate: refetch
-            return None
-        known = set(self.main + self.companions)
+        wanted = set(self.main + self.companions)
+        if not isinstance(looked_for, list) or not wanted <= set(looked_for):
+            return None  # kept by a gate that looked for fewer files: fetched again
+        known = set(looked_for)  # another gate version may keep more files; all are hashed
         if not (isinstance(recorded, dict) and main in self.main and main in recorded
-                and all(isinstance(n, str) and n in known and isinstance(d, str)
+                and all(isinstance(n, str) and n in known and self._own(n) and isinstance(d, str)
                         for n, d in recorded.items())):
             return None
         pin = self.pins.get(folder.name) if folder.parent == self.cache_dir() else None
-        if pin is not None and recorded != pin["files"]:
+        if pin is not None and any(recorded.get(n) != d for n, d in pin["files"].items()):
             return None
         for name, digest in recorded.items():
             if not (folder / name).is_file() or sha256(folder / name) != digest:
                 return None
         return folder / main
+
+    def _own(self, name: str) -> bool:
+        """Whether ``name`` is a path inside the engine's own package (no ``..``, not absolute)."""
+        parts = Path(name).parts
+        return (not Path(name).is_absolute() and ".." not in parts and len(parts) > 1
+                and parts[0] == (self.module or self.name))
 
     def _extract(self, wheel: Path, folder: Path, origin: str, pin: Optional[dict] = None) -> Path:
         """Put the wheel's main file, its companions and a manifest into ``folder``
@@ -197,13 +203,13 @@ class Package:
                 if main is None:
                     raise ReleaseError(f"{origin}: the wheel holds no {' or '.join(self.main)}")
                 kept = [n for n in (main,) + self.companions if n in names]
-                for n in kept:  # sized before reading: the real files are well under 1 MB
-                    if z.getinfo(n).file_size > MAX_MEMBER_BYTES:
-                        raise ReleaseError(f"{origin}: {n} is {z.getinfo(n).file_size:,} bytes "
-                                           f"(at most {MAX_MEMBER_BYTES:,}): not the engine's file")
-                files = {n: z.read(n) for n in kept}
-        except zipfile.BadZipFile:
-            raise ReleaseError(f"{origin}: {wheel.name} is not a wheel (not a zip file)") from None
+                files = {n: _read_bounded(z, n, origin) for n in kept}
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError,
+                NotImplementedError) as exc:
+            if isinstance(exc, ReleaseError):
+                raise
+            raise ReleaseError(f"{origin}: {wheel.name} is not a wheel ({type(exc).__name__}: "
+                               f"{exc})") from None
         hashes = {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}
         if pin is not None and hashes != pin["files"]:
             wrong = sorted(n for n in set(hashes) | set(pin["files"])
@@ -211,7 +217,7 @@ class Package:
             raise ReleaseError(f"{origin}: {', '.join(wrong)} differ from the pinned release "
                                f"(dispatcher/{self.module or self.name}/pins.json): the index served another file")
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=_staging(folder.name)) as tmp:
             staged = Path(tmp) / folder.name
             for name, data in files.items():
                 (staged / name).parent.mkdir(parents=True, exist_ok=True)
@@ -243,7 +249,7 @@ class Package:
             folder.parent.mkdir(parents=True, exist_ok=True)
             with _locked(folder.parent / f".{version}.lock", PIP_TIMEOUT_S + 60,
                          f"{self.name}:{version}"):
-                _sweep(folder.parent)
+                _sweep(folder.parent, version)
                 return self.verified(folder) or self._download(version, folder)
         except OSError as exc:
             raise ReleaseError(f"{self.name}:{version}: the cache {folder.parent} cannot be "
@@ -253,7 +259,7 @@ class Package:
     def _download(self, version: str, folder: Path) -> Path:
         hint = (f"(offline? pre-fetch with python -m dispatcher.{self.module or self.name} fetch {version}, "
                 f"or set {self.cache_env})")
-        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=_staging(version)) as tmp:
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
                    "--only-binary=:all:", "--timeout", "30", "-d", tmp, f"{self.name}=={version}"]
             scratch = Path(tmp) / "pip-tmp"  # pip's own temporary files go with ours
@@ -319,19 +325,59 @@ class Package:
         raise ReleaseError(f"{self.name}:{target}: no such file or folder, and not a version")
 
 
+def user_cache() -> Path:
+    """``$XDG_CACHE_HOME/a2a-sizing-gate``, else ``~/.cache/a2a-sizing-gate``; an empty or
+    unset ``HOME`` is read from the password database, never taken as ``/``."""
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    if not base:
+        home = os.environ.get("HOME", "").strip()
+        if not home or home == "/":
+            import pwd
+
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        if not home or home == "/":
+            raise ReleaseError("no cache folder: HOME is unset or /; set XDG_CACHE_HOME (or "
+                               "the engine's A2A_GATE_*_CACHE)")
+        base = os.path.join(home, ".cache")
+    return Path(base) / "a2a-sizing-gate"
+
+
+def _read_bounded(z: zipfile.ZipFile, name: str, origin: str) -> bytes:
+    """A member's bytes, never more than ``MAX_MEMBER_BYTES`` read or decompressed, whatever
+    its headers claim (the real files are well under 1 MB)."""
+    if z.getinfo(name).file_size > MAX_MEMBER_BYTES:
+        raise ReleaseError(f"{origin}: {name} is {z.getinfo(name).file_size:,} bytes (at most "
+                           f"{MAX_MEMBER_BYTES:,}): not the engine's file")
+    with z.open(name) as member:
+        data = member.read(MAX_MEMBER_BYTES + 1)
+    if len(data) > MAX_MEMBER_BYTES:
+        raise ReleaseError(f"{origin}: {name} holds more than {MAX_MEMBER_BYTES:,} bytes (its "
+                           f"header said fewer): not the engine's file")
+    return data
+
+
 def _version_shaped(target: str) -> bool:
     return target[:1].isdigit() and "/" not in target and not target.endswith((".py", ".whl"))
 
 
-def _sweep(cache: Path, older_than_s: float = 2 * PIP_TIMEOUT_S) -> None:
-    """Remove the staging folders (``tmp*``) of fetches that were killed (under the lock, so
-    no live fetch's folder is old enough to go)."""
+def _staging(version: str) -> str:
+    """The prefix of a fetch's staging folders: one release's, so its lock covers them."""
+    return f"tmp-{version}-"
+
+
+def _sweep(cache: Path, version: str) -> None:
+    """Remove the staging folders a killed fetch of ``version`` left (called under that
+    release's lock: no live fetch of it can own one), and those of older gates (``tmp*``
+    without a release in the name) once they are clearly stale."""
     import shutil
     import time
 
     for stale in cache.glob("tmp*"):
         try:
-            if stale.is_dir() and time.time() - stale.stat().st_mtime > older_than_s:
+            mine = stale.name.startswith(_staging(version))
+            unnamed = not stale.name.startswith("tmp-")
+            old = time.time() - stale.stat().st_mtime > 2 * PIP_TIMEOUT_S
+            if stale.is_dir() and (mine or (unnamed and old)):
                 shutil.rmtree(stale, ignore_errors=True)
         except OSError:
             pass

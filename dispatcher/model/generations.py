@@ -93,19 +93,25 @@ GENERATIONS = {
 }
 
 
+# The releases whose A2A the gate models, as their packages are versioned (a pre-release or a
+# later patch may change the kernels: it is not taken for its neighbour)
+RELEASES = {"0.7.2": "0.7.2", "0.7.2.post1": "0.7.2", "0.7.4": "0.7.4"}
+
+
 def generation_of(version: str) -> Generation:
-    """The generation a FlashInfer version belongs to (``0.7.2.post1`` is 0.7.2)."""
+    """The generation of FlashInfer release ``version`` (``0.7.2.post1`` is 0.7.2)."""
     from packaging.version import InvalidVersion, Version
 
     try:
-        release = ".".join(str(p) for p in Version(str(version)).release[:3])
+        canonical = str(Version(str(version)))
     except InvalidVersion:
-        raise UnknownGeneration(f"--flashinfer={version!r}: not a version; the gate models "
-                                f"{', '.join(GENERATIONS)}") from None
-    if release not in GENERATIONS:
+        raise UnknownGeneration(f"{version!r} is not a version; the gate models FlashInfer "
+                                f"{', '.join(RELEASES)}") from None
+    if canonical not in RELEASES:
         raise UnknownGeneration(f"FlashInfer {version}: the gate models the A2A of "
-                                f"{', '.join(GENERATIONS)} only")
-    return GENERATIONS[release]
+                                f"{', '.join(RELEASES)} only (a pre-release or another patch "
+                                f"release may differ)")
+    return GENERATIONS[RELEASES[canonical]]
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,6 +3,9 @@ forever. ``guarded()`` is entered around each call (``properties.rule_values``):
 
 - ``os._exit`` (and ``posix._exit``) raise ``PolicyExited`` instead of ending the process, so
   ``os._exit(0)`` inside a rule is a crash with the world, never a silent exit 0;
+- a process forked inside a call (``os.fork``, a fork-started ``multiprocessing`` child) is
+  ended in the child at once, and the call raises ``PolicyForked``: a second copy of the
+  test process would report the tests again;
 - a call that has not returned after ``CALL_TIMEOUT.seconds`` is interrupted with
   ``CallTimedOut`` (a ``SIGALRM`` timer in the main thread, as pytest-timeout's signal method
   does; a pure-Python loop stops at once, a blocking C call when it returns to Python). Where
@@ -21,7 +24,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["GateInterrupt", "PolicyExited", "CallTimedOut", "CALL_TIMEOUT", "guarded"]
+__all__ = ["GateInterrupt", "PolicyExited", "PolicyForked", "CallTimedOut", "CALL_TIMEOUT",
+           "guarded"]
 
 
 class GateInterrupt(BaseException):
@@ -32,6 +36,12 @@ class PolicyExited(GateInterrupt):
     def __init__(self, code):
         super().__init__(f"the policy called os._exit({code!r})")
         self.code = code
+
+
+class PolicyForked(GateInterrupt):
+    def __init__(self, forks: int):
+        super().__init__(f"the policy forked the process {forks} time(s)")
+        self.forks = forks
 
 
 class CallTimedOut(GateInterrupt):
@@ -68,6 +78,24 @@ def _refuse_exit(code=0):
     raise PolicyExited(code)
 
 
+_REAL_EXIT = os._exit
+_CALL = {"depth": 0, "forks": 0}
+
+
+def _before_fork():
+    if _CALL["depth"]:
+        _CALL["forks"] += 1
+
+
+def _child_of_a_call():
+    if _CALL["depth"]:  # a copy of the test process made by the policy: it ends here
+        _REAL_EXIT(70)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_child_of_a_call)
+
+
 @contextmanager
 def guarded():
     import posix
@@ -75,9 +103,14 @@ def guarded():
     saved = os._exit, posix._exit
     os._exit = posix._exit = _refuse_exit
     armed, previous = _arm(CALL_TIMEOUT.now)
+    _CALL["depth"] += 1
+    forks = _CALL["forks"]
     try:
         yield
+        if _CALL["forks"] != forks:
+            raise PolicyForked(_CALL["forks"] - forks)
     finally:
+        _CALL["depth"] -= 1
         if armed:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)

@@ -84,4 +84,4 @@ def _build(node: ast.AST, expected: str):
     except TypeError as exc:
         raise BadWorld(f"{expected}(...): {exc}") from None
     except ValueError as exc:  # the dataclass's own validation
-        raise BadWorld(f"{expected}(...) is not a valid world: {exc}") from None
+        raise BadWorld(f"{expected}(...) is not valid: {exc}") from None

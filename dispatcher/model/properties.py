@@ -19,7 +19,8 @@ from ..sizing import NotApplicable, Policy
 from .validation import A2ASizingError, NotAnInteger, require_int
 from .engine import EnginePolicy, EngineStep
 from .generations import replay_flag
-from .guard import CallTimedOut, PolicyExited, guarded
+from .guard import CallTimedOut, PolicyExited, PolicyForked, guarded
+from .show import shown, text
 from .world import World
 
 __all__ = ["PropertyViolation", "RuleCrashed", "RefusedCorrectly", "SlowRule", "RuleBudget",
@@ -120,8 +121,8 @@ def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
     again = _call(rank_policy, world.views[last], world, values, name)
     if again != values[last]:
         raise RuleCrashed(
-            f"[deterministic] {name} returned {values[last]!r} for EP rank {last} and then "
-            f"{again!r} for the same RankView: it depends on hidden state or randomness, so ranks can "
+            f"[deterministic] {name} returned {shown(values[last])} for EP rank {last} and then "
+            f"{shown(again)} for the same RankView: it depends on hidden state or randomness, so ranks can "
             f"disagree and the replay line below may not reproduce what the test saw.\n"
             f"{explain(world, values, name)}")
     return values
@@ -167,33 +168,38 @@ def _call(policy, view, world, values, name):
         with guarded():
             value = policy(view)
     except PolicyExited as exc:
-        raise RuleCrashed(f"[rule crashed] {name} called os._exit({exc.code!r}) on EP rank "
+        raise RuleCrashed(f"[rule crashed] {name} called os._exit({shown(exc.code)}) on EP rank "
                           f"{view.ep_rank}: the gate kept the process (an exit from a policy "
                           f"never passes for a verdict)\n"
                           f"{explain(world, _with(values, '<exited>'), name)}") from None
+    except PolicyForked as exc:
+        raise RuleCrashed(f"[rule crashed] {name} forked the test process ({exc.forks} time(s)) "
+                          f"on EP rank {view.ep_rank}: the copies were ended at once (a second "
+                          f"copy of the run would report its tests again)\n"
+                          f"{explain(world, _with(values, '<forked>'), name)}") from None
     except CallTimedOut as exc:
         raise SlowRule(f"[slow rule] {name} did not return within {exc.seconds:g} s on EP rank "
                        f"{view.ep_rank} (--rule-timeout-s): stopped\n"
                        f"{explain(world, _with(values, '<no answer>'), name)}") from None
     except NotApplicable as exc:
         if not isinstance(policy, EngineStep):  # only an engine's step may say so
-            raise RuleCrashed(f"[rule crashed] {name} raised NotApplicable: {exc} on EP rank "
+            raise RuleCrashed(f"[rule crashed] {name} raised NotApplicable: {text(exc)} on EP rank "
                               f"{view.ep_rank}: only an engine policy may declare a world "
                               f"impossible\n{explain(world, _with(values, '<raised>'), name)}"
                               ) from exc
         raise
     except A2ASizingError as exc:
         if not world.payload_fits_cap:
-            raise RefusedCorrectly(f"{type(exc).__name__}: {exc}") from exc
+            raise RefusedCorrectly(f"{type(exc).__name__}: {text(exc)}") from exc
         raise RuleCrashed(
             f"[rule crashed] {name} refused a world where runtime {world.ideal_runtime} is "
-            f"valid: {type(exc).__name__}: {exc}\n"
+            f"valid: {type(exc).__name__}: {text(exc)}\n"
             f"{explain(world, _with(values, '<refused>'), name)}") from exc
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - pytest.skip(), SystemExit, ...: a verdict
         raise RuleCrashed(
-            f"[rule crashed] {name} raised {type(exc).__name__}: {exc} on EP rank "
+            f"[rule crashed] {name} raised {type(exc).__name__}: {text(exc)} on EP rank "
             f"{view.ep_rank}\n{explain(world, _with(values, '<raised>'), name)}") from exc
     finally:
         sys.stdout = real
@@ -201,7 +207,7 @@ def _call(policy, view, world, values, name):
     try:
         return require_int(value)
     except NotAnInteger as exc:
-        raise RuleCrashed(f"[int] {name} on EP rank {view.ep_rank}: {exc}\n"
+        raise RuleCrashed(f"[int] {name} on EP rank {view.ep_rank}: {text(exc)}\n"
                           f"{explain(world, _with(values, value), name)}") from None
 
 
@@ -238,14 +244,24 @@ def values_or_reject(policy: Policy, world: World, name: str = "") -> List[int]:
 
 
 def explain(world: World, values: Sequence, name: str = "the rule") -> str:
-    vals = list(values)
-    shown = vals if len(vals) <= 16 else f"{vals[:8]} ... {vals[-4:]}"
+    vals = [v if type(v) is int and v.bit_length() < 64 else _Shown(v) for v in values]
+    listed = vals if len(vals) <= 16 else f"{vals[:8]} ... {vals[-4:]}"
     notes, extra = getattr(values, "notes", ""), getattr(values, "replay_args", "")
     return (f"world:\n{world.describe()}\n"
-            f"  {name} returned per EP rank: {shown}   ideal: {world.ideal_runtime}\n"
+            f"  {name} returned per EP rank: {listed}   ideal: {world.ideal_runtime}\n"
             + (f"{notes}\n" if notes else "")
             + f"replay: python -m dispatcher{replay_flag()} --policy {shlex.quote(name)}{extra} "
               f"\"{world!r}\"")
+
+
+class _Shown:
+    """A value printed by ``show.shown`` inside a list's repr."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return shown(self.value)
 
 
 def _fail(prop: str, what: str, world: World, values, name: str):

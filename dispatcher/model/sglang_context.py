@@ -59,9 +59,16 @@ class SGLangContext:
     def __post_init__(self):
         if self.forward_mode not in FORWARD_MODES:
             raise ValueError(f"forward_mode {self.forward_mode!r} not in {FORWARD_MODES}")
-        for name in ("tokens_per_req", "stale_by"):
+        for name in ("speculative", "draft_forward", "enable_dp_lm_head", "skip_all_gather",
+                     "cap_from_env", "sp_prefill_a2a"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("tokens_per_req", "stale_by", "chunked_prefill_size"):
             if type(getattr(self, name)) is not int:
-                raise ValueError(f"{name} must be an int")
+                raise ValueError(f"{name} must be an int, got {getattr(self, name)!r}")
+        if not 1 <= self.chunked_prefill_size <= 1 << 24:
+            raise ValueError(f"chunked_prefill_size={self.chunked_prefill_size} must be in "
+                             f"1..{1 << 24}")
         if self.draft_forward and not self.speculative:
             raise ValueError("a draft forward needs speculative=True")
         if self.tokens_per_req < 1 or (self.tokens_per_req > 1 and not self.draft_forward):

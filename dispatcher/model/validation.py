@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..sizing import Policy, RankView
+from .show import shown
 
 __all__ = ["CAP_ENV", "A2ASizingError", "NotAnInteger", "RuntimeDisagreement",
            "NonPositiveRuntime", "CapExceeded", "PayloadExceedsRuntime", "require_int",
@@ -52,7 +53,7 @@ def require_int(value) -> int:
     if type(value) is not int:
         raise NotAnInteger(
             f"runtime_max_tokens_per_rank must be a Python int, got {type(value).__name__} "
-            f"{value!r}; return int(...) from the rule")
+            f"{shown(value)}; return int(...) from the rule")
     return value
 
 

@@ -82,6 +82,10 @@ def short_repr(obj) -> str:
     return f"{type(obj).__name__}({', '.join(parts)})"
 
 
+MAX_EXPERTS = 1 << 16  # real layers: 8..512; FlashInfer's expert ids are int32
+MAX_HIDDEN = 1 << 17  # real layers: 2048..16384
+
+
 @dataclass(frozen=True, repr=False)
 class MoeConfig:
     """MoE shapes of the layer and how its tensors are made (from ``seed``, no hidden RNG)."""
@@ -95,8 +99,14 @@ class MoeConfig:
 
     def __post_init__(self):
         _require_ints(self, "hidden_size", "top_k", "num_experts", "seed")
-        if self.hidden_size < 1 or self.hidden_size % 2:
-            raise ValueError(f"hidden_size={self.hidden_size} must be a positive even number")
+        if self.hidden_size < 1 or self.hidden_size % 2 or self.hidden_size > MAX_HIDDEN:
+            raise ValueError(f"hidden_size={self.hidden_size} must be a positive even number "
+                             f"up to {MAX_HIDDEN}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed={self.seed} must be in 0..2**32-1 (a numpy seed)")
+        if self.num_experts > MAX_EXPERTS:
+            raise ValueError(f"num_experts={self.num_experts} is more than {MAX_EXPERTS} (no "
+                             f"MoE layer has that many; the model would allocate per expert)")
         supported = active().supported_top_k
         if self.top_k not in supported:
             raise ValueError(f"top_k={self.top_k} not in {active()}'s {supported}")

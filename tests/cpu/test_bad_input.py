@@ -54,6 +54,15 @@ def test_a_pasted_world_is_never_run_as_code(tmp_path):
      BAD_INPUT, "not a World(...) repr"),
     ([f"World(ep_size=2, dp_size=1, group_tokens=({'9' * 40},), max_num_tokens=2)"],
      BAD_INPUT, "no world this suite can build"),
+    (["World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4, moe=MoeConfig(seed=-1))"],
+     BAD_INPUT, "seed=-1 must be in"),
+    (["World(ep_size=2, dp_size=2, group_tokens=(5, 2), max_num_tokens=8, "
+      "moe=MoeConfig(num_experts=400000000))"], BAD_INPUT, "num_experts=400000000 is more than"),
+    (["--policy", "sglang:0.5.23", "--context", "SGLangContext(chunked_prefill_size='x')",
+      repr(WORLD)], BAD_INPUT, "chunked_prefill_size must be an int"),
+    (["--policy", "sglang:0.5.23", "--context", "SGLangContext(skip_all_gather=1)",
+      repr(WORLD)], BAD_INPUT, "skip_all_gather must be True or False"),
+    (["--flashinfer", "0.7.4rc1", repr(WORLD)], BAD_INPUT, "a pre-release or another patch"),
 ])
 def test_replay_exit_codes(args, code, words):
     out = replay(*args)
@@ -202,13 +211,22 @@ def test_a_local_wheel_never_stands_in_for_the_release_and_a_damaged_cache_is_no
     (["--rule-budget-ms=0"], {}, "--rule-budget-ms must be a positive number"),
     (["--rule-budget-ms=nan"], {}, "--rule-budget-ms must be a positive number"),
     ([], {"HYPOTHESIS_PROFILE": "fast"}, "one of dev, ci, thorough, gpu, repro"),
+    (["--hypothesis-profile=nope"], {}, "--hypothesis-profile=nope is not a profile"),
+    (["--policy=prefix_rule", "--policy=ideal_rule"], {}, "--policy is given 2 times"),
+    (["--flashinfer="], {}, "--flashinfer= names no version"),
+    (["--flashinfer=0.7.4.99"], {}, "--flashinfer=0.7.4.99: FlashInfer 0.7.4.99"),
+    ([], {"A2A_GATE_FLASHINFER": "garbage"}, "$A2A_GATE_FLASHINFER=garbage: 'garbage' is not"),
+    ([], {"A2A_GATE_POLICY_LOAD_TIMEOUT_S": "abc"}, "A2A_GATE_POLICY_LOAD_TIMEOUT_S='abc'"),
+    ([], {"A2A_GATE_POLICY_LOAD_TIMEOUT_S": "nan"}, "must be a positive number of seconds"),
+    (["--rule-timeout-s=0"], {}, "--rule-timeout-s: a call's time limit must be a positive"),
 ])
 def test_bad_pytest_options_are_usage_errors(pytester, monkeypatch, args, env, words):
+    """In-process (each fails in pytest_configure, before anything is loaded or run)."""
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
     (pytester.path / "conftest.py").write_text(CONFTEST)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-2000:]
     assert words in text and "INTERNALERROR" not in text

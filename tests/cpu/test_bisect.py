@@ -234,12 +234,13 @@ LINE = ('python -m dispatcher --policy sglang:X --context "SGLangContext(cap_fro
 
 @pytest.mark.engine_releases("sglang")  # SGLang's history: on 0.7.2
 @needs_torch
-def test_bisect_from_a_replay_line_end_to_end(sglang_history):
+def test_bisect_from_a_replay_line_end_to_end(sglang_history, tmp_path):
     """The command as a user runs it after a failing CI run, with the real judge: the
     counterexample fails at --bad, holds at --good, and the report names the commit."""
     repo, good, culprit = sglang_history
     done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "bisect", "--good", good,
-                           "--bad", culprit, "--repo", str(repo), "--replay", LINE],
+                           "--bad", culprit, "--repo", str(repo), "--replay", LINE,
+                           "--logs", str(tmp_path / "logs")],
                           capture_output=True, text=True, timeout=300, cwd=SOURCE)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"first bad commit: {culprit[:7]} size from the smallest DP group" in done.stdout

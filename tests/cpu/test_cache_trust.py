@@ -87,8 +87,58 @@ def test_a_huge_member_is_refused_before_it_is_read(tmp_path, monkeypatch):
 
 
 def test_killed_fetches_are_swept(tmp_path):
+    """Under a release's lock no live fetch of it can own a staging folder: a killed one's goes
+    at once; another release's stays (its fetch may be live); an older gate's unnamed ones go
+    once stale."""
+    mine, other = tmp_path / "tmp-0.5.23-abc", tmp_path / "tmp-0.5.22-abc"
     old, new = tmp_path / "tmpold", tmp_path / "tmpnew"
-    old.mkdir(), new.mkdir()
+    for folder in (mine, other, old, new):
+        folder.mkdir()
     os.utime(old, (time.time() - 3600, time.time() - 3600))
-    _sweep(tmp_path, older_than_s=600)
-    assert not old.exists() and new.exists()
+    _sweep(tmp_path, "0.5.23")
+    assert not mine.exists() and not old.exists() and other.exists() and new.exists()
+
+
+def test_a_member_that_lies_about_its_size_is_refused_with_bounded_memory(tmp_path, monkeypatch):
+    """A wheel whose headers say 100 bytes for a member of 50 MB: never more than the cap is
+    decompressed, and it is not a wheel."""
+    import resource
+    import struct
+
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    wheel = tmp_path / "sglang-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr(fetch.RELEASE_FILE, b"\0" * (50 << 20))
+    raw = bytearray(wheel.read_bytes())
+    struct.pack_into("<I", raw, raw.find(b"PK\x01\x02") + 24, 100)  # central directory
+    struct.pack_into("<I", raw, raw.find(b"PK\x03\x04") + 22, 100)  # local header
+    wheel.write_bytes(bytes(raw))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ReleaseError, match="not a wheel"):
+        fetch.PACKAGE.wheel_file(wheel)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 2 * MAX_MEMBER_BYTES // 1024, grown_kib
+
+
+def test_two_gate_versions_share_a_cache_without_fetching_again(cache):
+    """A copy kept by a gate that looked for more files serves one that looks for fewer (no
+    refetch, so an offline runner keeps working); one kept by a gate that looked for fewer is
+    fetched again."""
+    folder = cache / NEWEST
+    manifest = json.loads((folder / "manifest.json").read_text())
+    wider = dict(manifest, looked_for=manifest["looked_for"] + ["sglang/srt/another_file.py"])
+    (folder / "manifest.json").write_text(json.dumps(wider))
+    assert fetch.PACKAGE.verified(folder) == folder / fetch.RELEASE_FILE
+    narrower = dict(manifest, looked_for=[fetch.RELEASE_FILE])
+    (folder / "manifest.json").write_text(json.dumps(narrower))
+    assert fetch.PACKAGE.verified(folder) is None
+
+
+@pytest.mark.parametrize("home", ["", "/"])
+def test_an_empty_home_never_puts_the_cache_at_the_root(monkeypatch, home):
+    from dispatcher.wheels import user_cache
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", home)
+    assert user_cache() != Path("/.cache/a2a-sizing-gate")
+    assert user_cache().parts[-2:] == (".cache", "a2a-sizing-gate")

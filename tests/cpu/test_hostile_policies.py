@@ -246,3 +246,89 @@ def test_the_replay_runs_nothing_from_the_current_directory(tmp_path, monkeypatc
                           capture_output=True, text=True, timeout=120, cwd=here)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert not list(here.glob("ran-*")), list(here.glob("ran-*"))
+
+
+def test_a_plain_rule_cannot_choose_its_worlds():
+    """``bind``, ``engine_world`` and ``engine_step`` on a plain callable mean nothing: only
+    the gate's engine types (dispatcher/model/engine.py) are bound to a world, mapped to their
+    engine's worlds or may declare a world impossible."""
+    from dispatcher.sizing import NotApplicable
+
+    def rule(view):
+        return 1
+
+    rule.engine_world = lambda world, keep_cap=False: World(ep_size=1, dp_size=1,
+                                                            group_tokens=(1,), max_num_tokens=1)
+    rule.bind = lambda world, *a: (lambda view: 1)
+    rule.engine_step = True
+    world = World(ep_size=2, dp_size=1, group_tokens=(9,), max_num_tokens=16)
+    assert properties.world_for(rule, world) is world
+    with pytest.raises(properties.PropertyViolation, match=r"\[fits\]"):
+        properties.check_all(world, properties.rule_values(rule, world))
+
+    def shy(view):
+        raise NotApplicable("not my world")
+    shy.engine_step = True
+    with pytest.raises(properties.RuleCrashed, match="only an engine policy"):
+        properties.rule_values(shy, world)
+
+
+@pytest.mark.parametrize("body, words", [
+    ("def rule(view):\n    return 10 ** 5000\n", "an int of about 5,000 digits"),
+    ("class E(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n"
+     "def rule(view):\n    raise E()\n", "its message could not be read"),
+    ("import os\ndef rule(view):\n    if os.fork() == 0:\n        import time\n"
+     "        time.sleep(600)\n    return 1\n", "forked the test process"),
+])
+def test_what_a_rule_returns_or_raises_is_reported_with_the_world(tmp_path, monkeypatch, body,
+                                                                  words):
+    name = f"odd_rule_{abs(hash(body))}"  # a module of its own per case
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from dispatcher.policies import load_policy
+
+    rule = load_policy(f"{name}:rule")[1]
+    with pytest.raises(properties.PropertyViolation) as info:
+        properties.check_all(WORLD, properties.rule_values(rule, WORLD, f"{name}:rule"))
+    assert words in str(info.value) and "replay: python -m dispatcher" in str(info.value)
+
+
+def test_a_module_that_changes_directory_at_import_is_put_back(tmp_path, monkeypatch):
+    (tmp_path / "wanders.py").write_text("import os\nos.chdir('/')\ndef rule(view):\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    from dispatcher.policies import load_policy
+
+    with pytest.warns(UserWarning, match="changed the current directory"):
+        load_policy("wanders:rule")
+    assert os.getcwd() == str(tmp_path)
+
+
+def test_a_module_that_starts_a_child_at_import_loads_and_its_child_goes(hostile, tmp_path):
+    """The probe waits for the module's process, not for the output a child it left holds
+    open, and ends that child with it."""
+    from dispatcher.policies import probe_policy
+
+    marker = tmp_path / "child.pid"
+    (hostile / "spawns.py").write_text(
+        "import subprocess, sys\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(marker)!r}, 'w').write(str(p.pid))\n"
+        "def rule(view):\n    return 1\n")
+    probe_policy("spawns:rule", timeout_s=60)  # loads: no "endless loop"
+    pid = int(marker.read_text())
+    for _ in range(50):
+        if not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read():
+            break
+        import time
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the child {pid} the module started outlived the probe")
+
+
+def test_the_verdicts_command_loads_a_file_in_a_child_first(tmp_path):
+    engine = tmp_path / "flashinfer.py"
+    engine.write_text("import os\nos._exit(0)\n")
+    done = subprocess.run([sys.executable, "-m", "dispatcher.sglang_verdicts", f"sglang:{engine}"],
+                          capture_output=True, text=True, timeout=120, cwd=SOURCE)
+    assert done.returncode == 2 and "ended the process" in done.stderr, done.stdout + done.stderr
