@@ -46,3 +46,8 @@ def pytest_runtest_logreport(report):
 def pytest_unconfigure(config):
     if _controller():
         _write({"event": "unconfigure", "time": time.time()})
+
+
+def pytest_sessionfinish(session):
+    _write({"event": "sessionfinish", "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "time": time.time()})

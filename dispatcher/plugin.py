@@ -556,6 +556,8 @@ def pytest_unconfigure(config):
         _OPEN_CONFIGS.remove(config)
     if _OPEN_CONFIGS and _OUTER_PROFILE in config.stash:  # a nested (pytester) session ended
         settings.load_profile(config.stash[_OUTER_PROFILE])
+    if hasattr(config, "workerinput") and not _OPEN_CONFIGS:
+        _end_worker()
     if hasattr(config, "workerinput") or _EXIT not in config.stash or _OPEN_CONFIGS:
         return
     status = config.stash[_EXIT]
@@ -572,6 +574,25 @@ def pytest_unconfigure(config):
 
     if foreign_code_loaded():
         atexit.register(_end_with, status)
+
+
+def _end_worker() -> None:
+    """An xdist worker whose session is over (its results already sent to the controller,
+    which decides the run's status) ends now: tearing down a worker's heap at interpreter exit
+    (every loaded release, recorded search and tensor) took seconds the run waited for."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if "multiprocessing" in sys.modules:
+        try:
+            from multiprocessing import util
+
+            util._exit_function()  # daemonic children (a rank pool's forkserver) go first
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+    _REAL_EXIT(0)
 
 
 def _end_with(status: int) -> None:

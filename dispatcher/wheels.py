@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 __all__ = ["ReleaseError", "Package", "sha256", "exec_engine_file", "user_cache",
-           "reentrant", "fetch_main", "PIP_TIMEOUT_S"]
+           "reentrant", "MODULE_TABLE", "fetch_main", "PIP_TIMEOUT_S"]
 
 PIP_TIMEOUT_S = 300
 MAX_MEMBER_BYTES = 4 << 20  # a kept file; the largest real one (server_args.py) is ~450 KB
@@ -41,6 +42,12 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+# Held while an engine's stand-ins are in sys.modules (its sandbox), and by any thread that
+# imports while the main thread may be in one (dispatcher/gpu/warm.py): an import in another
+# thread meanwhile would find a stand-in, and the sandbox's exit would drop what it imported.
+MODULE_TABLE = threading.RLock()
+
+
 def reentrant(patches):
     """An engine's sandbox, entered once however deeply its uses nest: ``patches(*args)`` (a
     context manager putting the stand-ins in place) runs at the outermost level only, so a
@@ -52,7 +59,7 @@ def reentrant(patches):
         if depth[0]:
             yield
             return
-        with patches(*args, **kwargs):
+        with MODULE_TABLE, patches(*args, **kwargs):
             depth[0] += 1
             try:
                 yield

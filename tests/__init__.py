@@ -22,3 +22,29 @@ def copy_suite(dest: Path, *tiers: str) -> None:
         if not (dest / "tests" / tier).exists():
             shutil.copytree(SUITE / tier, dest / "tests" / tier)
     (dest / "conftest.py").write_text(CONFTEST)
+
+
+def needs_torch(reason: str = "needs torch: pip install torch==2.13.0 (the CPU build)"):
+    """A skip where torch is not installed, decided without importing it: collecting the suite
+    stays cheap (torch takes seconds to import, more on a GPU host), and only the processes
+    that run a test that needs it pay for it."""
+    import importlib.util
+
+    import pytest
+
+    return pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason=reason)
+
+
+class lazy_module:
+    """A module imported on first use (``torch = lazy_module("torch")``): collecting a test
+    module that uses torch does not import it."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        if attr.startswith("_"):  # pytest probing what a module-level name is
+            raise AttributeError(attr)
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)

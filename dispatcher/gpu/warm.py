@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from typing import Callable, Dict, Iterable, Optional
 
+from ..wheels import MODULE_TABLE
+
 __all__ = ["RESOURCES", "PINNED", "pinned_worker", "start", "start_for", "take", "close_unused"]
 
 
@@ -65,7 +67,8 @@ def start(name: str) -> None:
 
         def run():
             try:
-                box["value"] = RESOURCES[name]()
+                with MODULE_TABLE:  # no engine sandbox swaps sys.modules while this imports
+                    box["value"] = RESOURCES[name]()
             except BaseException as exc:  # noqa: BLE001 - raised again where it is taken
                 box["error"] = exc
         thread = threading.Thread(target=run, name=f"a2a-gate-warm-{name}", daemon=True)

@@ -4,7 +4,9 @@ import time
 
 import pytest
 
-pytest.importorskip("torch", reason="the rank pool needs torch (CPU is enough to start it)")
+from .. import needs_torch
+
+pytestmark = needs_torch(reason="the rank pool needs torch (CPU is enough to start it)")
 
 
 def test_a_pool_that_cannot_start_fails_once_with_the_ranks_words():

@@ -1,15 +1,16 @@
 """The CPU model and the GPU tiers compute the same stand-in MoE: numpy (emulator) and torch
 (GPU tiers) agree bit for bit on the same received rows, on the CPU."""
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from dispatcher.emulator import inputs as np_ops
 from dispatcher.model.world import owners_of
 from strategies import a2a_worlds
 
-torch = pytest.importorskip("torch", reason="the torch stand-in MoE needs torch (CPU is fine)")
-from dispatcher.gpu import torch_ops  # noqa: E402
+from .. import lazy_module, needs_torch
+
+pytestmark = needs_torch("the torch stand-in MoE needs torch (CPU is fine)")
+torch, torch_ops = lazy_module("torch"), lazy_module("dispatcher.gpu.torch_ops")
 
 
 @settings(max_examples=100)

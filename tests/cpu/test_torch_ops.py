@@ -2,19 +2,19 @@
 comes back as it was, whatever its dtype, shape or layout. (``to_torch_rows``, the other way,
 is checked byte for byte by ``test_stand_in_moe.py``'s bit-exact comparison.)"""
 import numpy as np
-import pytest
 from hypothesis import given, strategies as st
 from hypothesis.extra.numpy import array_shapes
 
-torch = pytest.importorskip("torch", reason="the GPU tiers' helpers need torch (CPU is fine)")
-from dispatcher.gpu import torch_ops  # noqa: E402
+from .. import lazy_module, needs_torch
 
-DTYPES = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float32, torch.bfloat16]
+pytestmark = needs_torch("the GPU tiers' helpers need torch (CPU is fine)")
+torch, torch_ops = lazy_module("torch"), lazy_module("dispatcher.gpu.torch_ops")
+DTYPES = ["bool", "uint8", "int32", "int64", "float32", "bfloat16"]
 
 
 @st.composite
 def tensors(draw):
-    dtype = draw(st.sampled_from(DTYPES))
+    dtype = getattr(torch, draw(st.sampled_from(DTYPES)))
     shape = draw(array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))
     t = torch.randint(-1000, 1000, shape, generator=torch.Generator().manual_seed(
         draw(st.integers(0, 2 ** 16)))).to(dtype)

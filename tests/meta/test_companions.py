@@ -7,16 +7,16 @@ import sys
 
 import pytest
 
-from .. import SOURCE
+from .. import SOURCE, needs_torch
 
-pytest.importorskip("torch", reason="the engines' files need torch: pip install torch==2.13.0")
+NEEDS_TORCH = needs_torch(reason="the engines' files need torch: pip install torch==2.13.0")
 
 from dispatcher.companions import NEWEST_ENV  # noqa: E402
 from dispatcher.policies import PolicyError, load_policy  # noqa: E402
 from dispatcher.sglang import fetch, sources  # noqa: E402
 from dispatcher.vllm import fetch as vfetch  # noqa: E402
 
-pytestmark = pytest.mark.engine_releases("sglang")
+pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("sglang")]
 
 
 def _root(package, version):

@@ -2,9 +2,9 @@
 release's own file, run on each generation's API as its source defines it."""
 import pytest
 
-from .. import SOURCE
+from .. import SOURCE, needs_torch
 
-pytest.importorskip("torch", reason="the engines' files need torch")
+pytestmark = needs_torch(reason="the engines' files need torch")
 
 
 @pytest.mark.xdist_group("flashinfer-compat")

@@ -17,9 +17,9 @@ import shutil
 
 import pytest
 
-from .. import copy_suite
+from .. import copy_suite, needs_torch
 
-pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0")
+NEEDS_TORCH = needs_torch(reason="SGLang's dispatcher needs torch: pip install torch==2.13.0")
 
 from dispatcher.policies import load_policy  # noqa: E402
 from dispatcher.sglang import fetch  # noqa: E402
@@ -29,7 +29,7 @@ from dispatcher.sglang.sources import RELEASES  # noqa: E402
 from strategies import sglang_steps  # noqa: E402
 from strategies.search import first_in, visited  # noqa: E402
 
-pytestmark = pytest.mark.engine_releases("sglang")  # SGLang's files: on the FlashInfer they call
+pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("sglang")]  # SGLang's files: on the FlashInfer they call
 
 NEWEST = RELEASES[-1]
 CLEAN = ("0.5.19", "0.5.20", "0.5.22", "0.5.23")  # pinned releases that ship no bug class

@@ -6,14 +6,16 @@ within the cap SGLang constructed, and SGLang refuses only where no valid runtim
 """
 import pytest
 
-pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
+from .. import needs_torch
+
+NEEDS_TORCH = needs_torch(reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
 from hypothesis import event, given, reject  # noqa: E402
 
 from dispatcher.sglang.classes import BUG_CLASSES, BUGS, check_step, describe_step  # noqa: E402
 from strategies import sglang_steps  # noqa: E402
 
-pytestmark = pytest.mark.engine_releases("sglang", under_test=True)
+pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("sglang", under_test=True)]
 
 
 @pytest.fixture(scope="session")

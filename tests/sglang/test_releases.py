@@ -8,7 +8,9 @@ bug class is pinned with the shrunk counterexample of the first release that shi
 """
 import pytest
 
-pytest.importorskip("torch", reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
+from .. import needs_torch
+
+NEEDS_TORCH = needs_torch(reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
 from dispatcher.model import properties  # noqa: E402
 from dispatcher.model.properties import COLUMNS, breaks  # noqa: E402
@@ -20,7 +22,7 @@ from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
 from strategies import sglang_steps, worlds  # noqa: E402
 from strategies.search import first_in, minimal, visited  # noqa: E402
 
-pytestmark = pytest.mark.engine_releases("sglang")
+pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("sglang")]
 
 # release -> the bug classes it ships (docs/sglang.md, first table)
 EXPECTED_CLASSES = {

@@ -3,7 +3,9 @@ every world vLLM produces: every property holds, and what vLLM passes is what it
 was built for (the cap) and what the rows need."""
 import pytest
 
-pytest.importorskip("torch", reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
+from .. import needs_torch
+
+NEEDS_TORCH = needs_torch(reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
 from hypothesis import event, given  # noqa: E402
 
@@ -13,7 +15,7 @@ from strategies import vllm_worlds  # noqa: E402
 
 from .test_releases import EXPECTED  # noqa: E402
 
-pytestmark = pytest.mark.engine_releases("vllm", under_test=True)
+pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("vllm", under_test=True)]
 
 
 @pytest.fixture(scope="session")

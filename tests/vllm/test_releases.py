@@ -8,7 +8,9 @@ prefill context parallelism with DP = 1, until 0.32.0) is pinned with its shrunk
 """
 import pytest
 
-pytest.importorskip("torch", reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
+from .. import needs_torch
+
+NEEDS_TORCH = needs_torch(reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
 from dispatcher.model.world import World  # noqa: E402
 from dispatcher.vllm.verdicts import RELEASES, TWO_SIDED_REGIMES, broken_columns  # noqa: E402
@@ -16,7 +18,7 @@ from strategies import vllm_worlds  # noqa: E402
 from strategies.search import first_in, visited  # noqa: E402
 from strategies.vllm import VLLM_REGIMES  # noqa: E402
 
-pytestmark = pytest.mark.engine_releases("vllm")
+pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("vllm")]
 
 # release -> the regimes where its one-sided prepare() breaks a property (docs/vllm.md)
 EXPECTED = {
