@@ -45,7 +45,7 @@ for s in $STEPS; do case $s in
          } > $R/host-before-speed-$i.log 2>&1
          step "speed-$i" 150 python3 benchmarks/gpu_speed.py --examples 300 --pool-sizes 2 4 --out $R/gpu_speed_$i.json
        done ;;
-  wall) step wall ${WALL_LIMIT:-540} python3 benchmarks/suite_wall.py --runs ${RUNS:-3} --profile gpu --out $R/suite_wall_gpu_$g.json --log-dir $R/wall-runs-$g -- --require-gpus --durations=30 ;;
+  wall) step wall ${WALL_LIMIT:-540} python3 benchmarks/suite_wall.py --runs ${RUNS:-3} ${WALL_ONLY:+--only $WALL_ONLY} --profile gpu --out $R/suite_wall_gpu_$g.json --log-dir $R/wall-runs-$g -- --require-gpus --durations=30 ;;
   ttft) step ttft 300 python3 benchmarks/ttft.py --out $R/ttft ;;
   a2a) step a2a 120 python3 benchmarks/a2a_generations.py --out $R/a2a --iters 200 ;;
 esac; done; done
