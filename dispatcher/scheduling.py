@@ -2,7 +2,8 @@
 with the groups that share a costly resource pinned to a worker known before the run
 (``dispatcher.gpu.warm.pinned_worker``), so that worker starts the resource in the background
 right after it collected, while the others start; no worker takes a group pinned to another,
-and one that has nothing left it may take is shut down."""
+and one that has nothing left it may take is told so at once (an xdist worker holds its last
+test until it learns no more work is coming)."""
 from __future__ import annotations
 
 from xdist.scheduler import LoadGroupScheduling
@@ -47,9 +48,8 @@ class PinnedGroupScheduling(LoadGroupScheduling):
     def _reschedule(self, node) -> None:
         if node.shutting_down:
             return
-        if self._next_scope(node) is None:
-            if not self._pending_of(self.assigned_work[node]):
-                node.shutdown()
+        if self._next_scope(node) is None:  # nothing more will come: it runs what it holds
+            node.shutdown()                 # (a worker keeps its last test until told so)
             return
         if self._pending_of(self.assigned_work[node]) > 2:
             return
@@ -75,4 +75,4 @@ class PinnedGroupScheduling(LoadGroupScheduling):
         for node in self.nodes:
             self._assign_work_unit(node)
         for node in self.nodes:
-            self._reschedule(node)
+            self._reschedule(node)  # a second unit each where there is one, else shutdown
