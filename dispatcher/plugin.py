@@ -244,6 +244,7 @@ def pytest_configure(config):
     if config.getoption("--newest-companions"):
         from dispatcher.companions import NEWEST_ENV
         os.environ[NEWEST_ENV] = "1"  # workers and rank processes inherit it
+    _preload_for_engine(config)
     if not hasattr(config, "workerinput"):  # once per run, in the controller
         spec = config.getoption("--policy")
         from dispatcher.procs import keep_cwd_off_children_paths
@@ -254,6 +255,30 @@ def pytest_configure(config):
         except PolicyError as exc:
             raise pytest.UsageError(str(exc)) from None
         config.stash[_PROBE] = _Probe(spec)
+
+
+def _preload_for_engine(config) -> None:
+    """An engine policy's tests need torch (seconds to import, more on a GPU host): a process
+    that will run them (an xdist worker, or the only process) imports it in the background
+    from the start, beside collection and the policy's probe, rather than at its first test."""
+    from dispatcher.engines import engine_of_spec
+
+    if engine_of_spec(config.getoption("--policy")) is None or _OPEN_CONFIGS[:1] != [config]:
+        return
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        return  # the controller of workers runs no test
+    import importlib.util
+    import threading
+
+    if importlib.util.find_spec("torch") is None:
+        return
+
+    def preload():
+        from dispatcher.wheels import MODULE_TABLE
+
+        with MODULE_TABLE:  # no engine sandbox swaps sys.modules meanwhile
+            import torch  # noqa: F401
+    threading.Thread(target=preload, name="a2a-gate-preload-torch", daemon=True).start()
 
 
 _DESCRIBED = pytest.StashKey[str]()
@@ -501,7 +526,8 @@ def pytest_collection_finish(session):
     for item in session.items:
         for mark in item.iter_markers("xdist_group"):
             name = str(mark.args[0] if mark.args else mark.kwargs.get("name", ""))
-            groups[name] = groups.get(name, False) or not item.stash.get(_UNAVAILABLE, "")
+            uses = warm.FIXTURES.get(name) in getattr(item, "fixturenames", ())
+            groups[name] = groups.get(name, False) or (uses and not item.stash.get(_UNAVAILABLE, ""))
     warm.start_for(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), groups,
                    lambda group: groups[group])
 

@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 from ..wheels import MODULE_TABLE
 
-__all__ = ["RESOURCES", "PINNED", "pinned_worker", "start", "start_for", "take", "close_unused"]
+__all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused"]
 
 
 def _pool(ep_size: int) -> Callable[[], object]:
@@ -45,6 +45,9 @@ RESOURCES: Dict[str, Callable[[], object]] = {
     "rank-pool-4-shared": _pool(4),
 }
 PINNED = tuple(RESOURCES)  # the groups pinned to a worker each, in this order
+# group -> the fixture that takes its resource: only a test that uses it makes it worth starting
+FIXTURES = {"gpu-single": "single_gpu", "rank-pool-2-shared": "pools",
+            "rank-pool-4-shared": "pools"}
 
 
 def pinned_worker(group: str, workers: int) -> Optional[str]:
