@@ -168,7 +168,7 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
                     result = _run_sglang_example(state, rank, ep_size, *example)
                 elif state["emulated"]:
                     result = _run_emulated_example(state, rank, ep_size, *example)
-                elif state["generation"] == "0.7.4":
+                elif state["kernel"] == "one_sided":
                     result = _run_example_074(state, rank, ep_size, *example)
                 else:
                     result = _run_example(state, rank, ep_size, max_dispatch_bytes,
@@ -223,7 +223,7 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
                 "a2as": {}, "policies": {}, "engines": {}, "example": {}, "emulated": True}
     from ..model.generations import generation_of, installed_version
 
-    installed = generation_of(installed_version() or "0.7.2").version
+    installed = generation_of(installed_version() or "0.7.2")
     torch.cuda.set_device(rank % n_gpus)
     torch.cuda.init()
     t = phase("cuda", t)
@@ -233,7 +233,7 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
                             device_id=torch.device("cuda", rank % n_gpus) if backend == "nccl" else None)
     cpu = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     t = phase("process group", t)
-    if installed == "0.7.4":
+    if installed.kernel == "one_sided":
         from .single_074 import layout_index as metainfo_index
     else:
         from .flashinfer import metainfo_index
@@ -241,7 +241,7 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
     phase("flashinfer", t)
     return {"backend": backend, "cpu": cpu, "index": index, "a2as": {},
             "policies": {}, "engines": {}, "example": {}, "emulated": False,
-            "generation": installed}
+            "generation": installed.version, "kernel": installed.kernel}
 
 
 def _agree(state, value, key: int = 0) -> list:

@@ -185,7 +185,7 @@ def for_installed(device: Optional[torch.device] = None):
     ``single_074.SingleGpuA2A074`` (0.7.4), the same interface."""
     from ..model.generations import generation_of, installed_version
 
-    if generation_of(installed_version() or "0.7.2").version == "0.7.4":
+    if generation_of(installed_version() or "0.7.2").kernel == "one_sided":
         from .single_074 import SingleGpuA2A074
 
         return SingleGpuA2A074(device)

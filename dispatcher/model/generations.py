@@ -35,6 +35,7 @@ class Generation:
     """What the gate needs to know of one FlashInfer A2A generation."""
 
     version: str
+    kernel: str  # the A2A it drives, as FlashInfer names it: "mnnvl" (MoeAlltoAll), "one_sided"
     supported_top_k: Tuple[int, ...]
     max_payloads: int
     max_ranks: int
@@ -63,7 +64,7 @@ class Generation:
 
     def recv_counters_offset(self, ep_size: int, max_num_tokens: int,
                              payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> int:
-        if self.version == "0.7.4":
+        if self.kernel == "one_sided":
             return _offsets_074(ep_size, max_num_tokens, payloads, combine_bytes).recv_counters
         return w072.aux_offsets(ep_size, max_num_tokens).recv_counters
 
@@ -85,9 +86,9 @@ def _offsets_074(ep, cap, payloads, combine_bytes):
 
 
 GENERATIONS = {
-    "0.7.2": Generation("0.7.2", w072.SUPPORTED_TOP_K, w072.MAX_PAYLOADS, 64, 1, False, False,
+    "0.7.2": Generation("0.7.2", "mnnvl", w072.SUPPORTED_TOP_K, w072.MAX_PAYLOADS, 64, 1, False, False,
                         "mnnvl_moe_alltoall", _size_072, _layout_072),
-    "0.7.4": Generation("0.7.4", w074.SUPPORTED_TOP_K, w074.MAX_PAYLOADS, w074.MAX_RANKS, 2,
+    "0.7.4": Generation("0.7.4", "one_sided", w074.SUPPORTED_TOP_K, w074.MAX_PAYLOADS, w074.MAX_RANKS, 2,
                         True, True, "nvlink_one_sided_alltoall", w074.workspace_size_per_rank,
                         w074.layout),
 }

@@ -29,6 +29,7 @@ from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from ..companions import Companions, companion_function, resolve
+from ..engine_tensors import stand_in_rows
 from ..wheels import exec_engine_file, reentrant
 from . import fetch
 from .report import describe_outcomes, describe_sources
@@ -267,16 +268,12 @@ class SGLangRelease(EnginePolicy):
     def _inputs(self, n: int, moe):
         """dispatch()'s arguments for ``n`` rows (values are never read for sizing): bf16
         hidden states, int32 top-k ids, fp32 weights; cached, SGLang does not write them."""
-        import torch
-
         key = (n, moe.hidden_size, moe.top_k, moe.num_experts)
         if key not in self._input_cache:
             if len(self._input_cache) > 256:
                 self._input_cache.clear()
-            ids = (torch.arange(n * moe.top_k, dtype=torch.int32) % moe.num_experts)
-            self._input_cache[key] = (
-                torch.zeros(n, moe.hidden_size, dtype=torch.bfloat16),
-                StandardTopKOutput(torch.ones(n, moe.top_k), ids.view(n, moe.top_k), None))
+            hidden, weights, ids = stand_in_rows(n, moe.hidden_size, moe.top_k, moe.num_experts)
+            self._input_cache[key] = (hidden, StandardTopKOutput(weights, ids, None))
         return self._input_cache[key]
 
     def step(self, world: World, ctx: SGLangContext = SGLangContext()) -> List[Outcome]:

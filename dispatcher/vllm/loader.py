@@ -39,6 +39,7 @@ from ..model.guard import GateInterrupt
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from ..companions import Companions, companion_function, resolve
+from ..engine_tensors import stand_in_rows
 from ..wheels import ReleaseError, exec_engine_file, reentrant, sha256
 from . import fetch
 from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, current,
@@ -189,16 +190,11 @@ class VLLMRelease(EnginePolicy):
         return layer
 
     def _tensors(self, n: int, moe):
-        import torch
-
         key = (n, moe.hidden_size, moe.top_k, moe.num_experts)
         if key not in self._inputs:
             if len(self._inputs) > 256:
                 self._inputs.clear()
-            ids = (torch.arange(n * moe.top_k, dtype=torch.int32) % moe.num_experts)
-            self._inputs[key] = (torch.zeros(n, moe.hidden_size, dtype=torch.bfloat16),
-                                 torch.ones(n, moe.top_k, dtype=torch.float32),
-                                 ids.view(n, moe.top_k))
+            self._inputs[key] = stand_in_rows(n, moe.hidden_size, moe.top_k, moe.num_experts)
         return self._inputs[key]
 
     def outcome(self, world: World, rank: int) -> Outcome:

@@ -87,6 +87,19 @@ def test_a_large_valid_world_replays_in_bounded_memory_and_time():
     assert "emulated A2A round trip: skipped" in out.stdout and time.monotonic() - t < 60
 
 
+def test_an_engine_handed_millions_of_rows_costs_no_memory_for_them():
+    """An engine file sizes from shapes: past 32 MiB its stand-in rows are one row broadcast
+    (dispatcher/engine_tensors.py), so this replay's child stays near torch's own size."""
+    pytest.importorskip("torch")
+    from dispatcher.engine_tensors import stand_in_rows
+
+    hidden, weights, ids = stand_in_rows(5_000_000, 7168, 8, 256)
+    assert hidden.shape == (5_000_000, 7168) and weights.shape == ids.shape == (5_000_000, 8)
+    assert hidden.untyped_storage().nbytes() == 2 * 7168  # one row, broadcast
+    small = stand_in_rows(3, 128, 8, 64)
+    assert small[0].is_contiguous() and small[2].tolist()[1] == list(range(8, 16))
+
+
 # --- rules that misbehave -----------------------------------------------------------------
 @pytest.mark.parametrize("value", [None, "3", 3.0, np.int64(3), True])
 def test_a_rule_returning_a_non_int_fails_every_property_with_a_replay_line(value):
@@ -230,6 +243,33 @@ def test_bad_pytest_options_are_usage_errors(pytester, monkeypatch, args, env, w
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-2000:]
     assert words in text and "INTERNALERROR" not in text
+
+
+def test_the_header_names_the_profile_that_runs_and_an_empty_repro(pytester, monkeypatch):
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
+    pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
+    (pytester.path / "conftest.py").write_text(CONFTEST)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--hypothesis-profile=repro")
+    text = result.stdout.str()
+    assert "hypothesis profile: repro;" in text and "it is empty here: nothing is searched" in text
+
+
+def test_installed_runs_keep_their_caches_beside_the_releases(monkeypatch, tmp_path):
+    """Installed (no checkout around the suite): pytest's cache and Hypothesis's database go
+    under the per-user cache, never into site-packages or the folder the gate runs from."""
+    from types import SimpleNamespace
+
+    import dispatcher
+    from dispatcher import plugin, runner
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(runner, "_REPO", tmp_path / "no-checkout")
+    args = runner.suite_args()
+    assert f"cache_dir={tmp_path / 'a2a-sizing-gate' / 'pytest-cache'}" in args
+    installed = SimpleNamespace(rootpath=Path(dispatcher.__file__).resolve().parent / "suite")
+    assert Path(plugin._database(installed).path) == tmp_path / "a2a-sizing-gate" / "hypothesis"
+    checkout = SimpleNamespace(rootpath=tmp_path / "repo")
+    assert Path(plugin._database(checkout).path) == tmp_path / "repo" / ".hypothesis" / "examples"
 
 
 def test_bad_vllm_targets_are_policy_errors(tmp_path, monkeypatch):

@@ -100,13 +100,15 @@ def test_bisect_names_the_first_bad_commit_and_skips_what_it_cannot_judge(histor
 def test_a_good_that_already_fails_is_refused(history, tmp_path):
     repo, shas = history
     with pytest.raises(BisectError, match=f"--good {shas['culprit']} is not good"):
-        bisect(repo, shas["culprit"], shas["later"], "sglang", [], judge=FileJudge(tmp_path))
+        bisect(repo, shas["culprit"], shas["later"], "sglang", [], judge=FileJudge(tmp_path),
+               logs=tmp_path)
 
 
 def test_a_bad_that_passes_is_refused(history, tmp_path):
     repo, shas = history
     with pytest.raises(BisectError, match="does not fail at --bad"):
-        bisect(repo, shas["good"], shas["back"], "sglang", [], judge=FileJudge(tmp_path))
+        bisect(repo, shas["good"], shas["back"], "sglang", [], judge=FileJudge(tmp_path),
+               logs=tmp_path)
 
 
 @pytest.mark.parametrize("case", ["not git", "unknown good", "unknown bad", "same",
@@ -172,7 +174,8 @@ def _dirty_user_checkout(tmp_path):
 def test_the_users_checkout_ignored_files_and_bisect_are_untouched(tmp_path):
     repo, shas = _dirty_user_checkout(tmp_path)
     before = _user_state(repo)
-    report = bisect(repo, shas["good"], shas["later"], "sglang", [], judge=FileJudge(tmp_path))
+    report = bisect(repo, shas["good"], shas["later"], "sglang", [], judge=FileJudge(tmp_path),
+                    logs=tmp_path)
     assert shas["culprit"] in report
     assert _user_state(repo) == before
 
@@ -193,7 +196,8 @@ def test_sigterm_removes_the_worktree_and_leaves_the_checkout(tmp_path):
         import dispatcher.bisect as b
         b.GateJudge = lambda *a, **k: judge
         sys.exit(main(["--good", {shas['good']!r}, "--bad", {shas['later']!r},
-                       "--repo", {str(repo)!r}, "--engine", "sglang"]))
+                       "--repo", {str(repo)!r}, "--engine", "sglang",
+                       "--logs", {str(tmp_path / "logs")!r}]))
     """))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SOURCE), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,

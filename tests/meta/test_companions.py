@@ -135,3 +135,22 @@ def test_the_gate_refuses_such_a_tree_before_any_test(tree):
                           cwd=SOURCE, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "require_mlp_tp_gather()" in done.stderr
+
+
+def test_a_companion_function_runs_nothing_of_its_file_but_its_body(tmp_path):
+    """Compiled alone: its decorators are dropped and defaults that are not literals are not
+    evaluated (either would run the file's code at load)."""
+    from dispatcher.companions import Unevaluated, companion_function
+
+    marker = tmp_path / "ran"
+    src = tmp_path / "common.py"
+    src.write_text(
+        "def touch(*a, **k):\n"
+        f"    open({str(marker)!r}, 'a').write('x')\n"
+        "    return lambda f: f\n"
+        "@touch()\n"
+        "def require_mlp_tp_gather(server_args=touch(), flag=True):\n"
+        "    return flag\n")
+    fn = companion_function(src, "require_mlp_tp_gather", {})
+    assert not marker.exists()
+    assert fn() is True and isinstance(fn.__defaults__[0], Unevaluated)
