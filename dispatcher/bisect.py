@@ -106,29 +106,30 @@ class GateJudge:
         words = shlex.split(line)[3:]  # after "python -m dispatcher"
         if "--policy" in words:  # judge this commit's file, whatever the line was recorded on
             words[words.index("--policy") + 1] = f"{self.engine}:{tree}"
-        cmd = python_child("dispatcher", *words)
-        code, out = _run(cmd, self._env(), REPLAY_TIMEOUT_S)
-        log.write_text(f"$ {shlex.join(cmd)}\n{out}")
-        if code == 1:
-            return Verdict(BAD, "the known counterexample fails here", log)
-        if code == 0:
-            return Verdict(GOOD, "the known counterexample holds here", log)
-        return Verdict(SKIP, f"the replay gave no verdict (exit {code})", log)
+        return self._judged(["dispatcher", *words], REPLAY_TIMEOUT_S, log, {
+            BAD: "the known counterexample fails here",
+            GOOD: "the known counterexample holds here"}, "the replay gave no verdict")
 
     def gate(self, tree: Path, log: Path) -> Verdict:
         """The gate on the worktree as it is now."""
         selection = (suite_args(args=self.pytest_args) if self.pytest_args
                      else suite_args(ENGINES[self.engine].bisect_parts + PROPERTIES))
-        cmd = python_child("pytest", *selection, "-x", "-q", "-p", "no:cacheprovider",
-                           f"--policy={self.engine}:{tree}")
-        code, out = _run(cmd, self._env(), STEP_TIMEOUT_S)
-        log.write_text(f"$ {shlex.join(cmd)}\n{out}")
-        if code == 0:
-            return Verdict(GOOD, "the gate passes", log)
-        if code == 1:
-            return Verdict(BAD, "the gate fails", log)
-        return Verdict(SKIP, f"the gate could not judge it (exit {code}: the file does not load, "
-                             f"no tests, an internal error or over {STEP_TIMEOUT_S} s)", log)
+        return self._judged(["pytest", *selection, "-x", "-q", "-p", "no:cacheprovider",
+                             f"--policy={self.engine}:{tree}"], STEP_TIMEOUT_S, log,
+                            {BAD: "the gate fails", GOOD: "the gate passes"},
+                            f"the gate could not judge it (the file does not load, no tests, an "
+                            f"internal error or over {STEP_TIMEOUT_S} s)")
+
+    def _judged(self, module_and_args, timeout: float, log: Path, said: dict,
+                otherwise: str) -> Verdict:
+        """Run ``python -m MODULE ARGS`` (exit 0 good, 1 bad, anything else skipped)."""
+        cmd = python_child(*module_and_args)
+        code, out = _run(cmd, self._env(), timeout)
+        log.write_text(f"$ python -m {shlex.join(module_and_args)}\n{out}")
+        word = {0: GOOD, 1: BAD}.get(code)
+        if word is None:
+            return Verdict(SKIP, f"{otherwise} (exit {code})", log)
+        return Verdict(word, said[word], log)
 
     def __call__(self, tree: Path, replay: Optional[str], replay_only: bool = False) -> Verdict:
         sha = _git(tree, "rev-parse", "HEAD")

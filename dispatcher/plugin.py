@@ -606,24 +606,13 @@ def _end_worker() -> None:
     """An xdist worker whose session is over (its results already sent to the controller,
     which decides the run's status) ends now: tearing down a worker's heap at interpreter exit
     (every loaded release, recorded search and tensor) took seconds the run waited for."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if "multiprocessing" in sys.modules:
-        try:
-            from multiprocessing import util
-
-            util._exit_function()  # daemonic children (a rank pool's forkserver) go first
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-    _REAL_EXIT(0)
+    _end_with(0)
 
 
 def _end_with(status: int) -> None:
-    """At exit: flush, stop daemonic child processes as multiprocessing would, and end with
-    the session's status before any handler the policy registered can run."""
+    """End this process with ``status`` now: flush, stop daemonic child processes as
+    multiprocessing would at exit (a rank pool's forkserver), and exit before any ``atexit``
+    handler a policy registered can run."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -48,3 +48,17 @@ class lazy_module:
         import importlib
 
         return getattr(importlib.import_module(self._name), attr)
+
+
+def hostile_folder(tmp_path: Path):
+    """``(rules, here)``: a folder holding a rule module (``elsewhere_rule:rule``, the shipped
+    rule) and a folder holding a ``json.py``, ``socket.py`` and ``struct.py`` that leave a
+    ``ran-*`` marker in it when imported: the folder a user runs the gate from."""
+    rules, here = tmp_path / "rules", tmp_path / "here"
+    rules.mkdir()
+    here.mkdir()
+    (rules / "elsewhere_rule.py").write_text("from dispatcher.sizing import ideal_rule as rule\n")
+    for name in ("json", "socket", "struct"):
+        (here / f"{name}.py").write_text(f"open({str(here / ('ran-' + name))!r}, 'w').close()\n"
+                                         f"raise ImportError('the {name}.py of the current folder')\n")
+    return rules, here

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from .. import CONFTEST, SOURCE
+from .. import CONFTEST, SOURCE, hostile_folder
 
 from dispatcher.model import properties
 from dispatcher.model.world import World
@@ -231,13 +231,7 @@ def test_a_replay_over_its_time_is_stopped(late):
 def test_the_replay_runs_nothing_from_the_current_directory(tmp_path, monkeypatch):
     """A ``json.py`` (or ``socket.py``) lying in the folder a user runs the replay from is never
     imported by its child (the gate's other processes: tests/meta/test_packaging.py)."""
-    rules, here = tmp_path / "rules", tmp_path / "here"
-    rules.mkdir()
-    here.mkdir()
-    (rules / "elsewhere_rule.py").write_text("from dispatcher.sizing import ideal_rule as rule\n")
-    for name in ("json", "socket", "struct"):
-        (here / f"{name}.py").write_text(f"open({str(here / ('ran-' + name))!r}, 'w').close()\n"
-                                         f"raise ImportError('the {name}.py of the current folder')\n")
+    rules, here = hostile_folder(tmp_path)
     _path(monkeypatch, rules)
     world = repr(World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4))
     # a2a-gate as its console script runs it (``python -m`` would put the folder first itself)

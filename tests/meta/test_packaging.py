@@ -10,7 +10,7 @@ import pytest
 from dispatcher.runner import INI_ARGS, suite_args
 from dispatcher.plugin import MARKERS
 
-from .. import SOURCE, SUITE
+from .. import SOURCE, SUITE, hostile_folder
 
 
 def _pyproject():
@@ -43,13 +43,7 @@ def test_a2a_gate_runs_the_suite_from_outside_the_repository(tmp_path, monkeypat
     gate's processes (the controller, the policy's probe, xdist's workers)."""
     from dispatcher.procs import DROP_CWD
 
-    rules, here = tmp_path / "rules", tmp_path / "here"
-    rules.mkdir()
-    here.mkdir()
-    (rules / "elsewhere_rule.py").write_text("from dispatcher.sizing import ideal_rule as rule\n")
-    for name in ("json", "socket", "struct"):
-        (here / f"{name}.py").write_text(f"open({str(here / ('ran-' + name))!r}, 'w').close()\n"
-                                         f"raise ImportError('the {name}.py of the current folder')\n")
+    rules, here = hostile_folder(tmp_path)
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(rules), str(SOURCE), *rest]))
     gate = [sys.executable, "-c", DROP_CWD + "from dispatcher.cli import main\nsys.exit(main())"]
