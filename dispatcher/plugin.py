@@ -67,7 +67,10 @@ for _name, _profile in PROFILES.items():
 
 
 def pytest_addoption(parser, pluginmanager):
-    if not pluginmanager.has_plugin("xdist"):  # -p no:xdist: the suite's --dist=loadgroup
+    import importlib.util
+
+    if pluginmanager.is_blocked("xdist") or importlib.util.find_spec("xdist") is None:
+        # -p no:xdist (or no xdist at all): the suite's own --dist=loadgroup means nothing
         parser.addoption("--dist", default="no", help="(pytest-xdist is not active: ignored)")
     group = parser.getgroup("a2a-sizing-gate")
     group.addoption("--policy", default=DEFAULT_POLICY, metavar="SPEC",

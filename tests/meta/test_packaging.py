@@ -54,3 +54,15 @@ def test_a2a_gate_runs_the_suite_from_outside_the_repository(tmp_path, monkeypat
     assert " tests collected" in done.stdout and "test_sglang_end_to_end" in done.stdout
     assert not list(here.glob("ran-*")), list(here.glob("ran-*"))
     assert "-c" in suite_args()
+
+
+def test_the_plugin_loads_before_xdist_as_the_installed_gate_loads_it(pytester):
+    """``a2a-gate`` installed passes ``-p dispatcher.plugin``, which loads before the plugins
+    of installed packages (xdist among them): their options must not collide."""
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "dispatcher.plugin", "-p", "no:cacheprovider",
+                                           "-n", "2", "--dist=loadgroup")
+    assert result.ret == 0, (result.stdout.str() + result.stderr.str())[-2000:]
+    blocked = pytester.runpytest_subprocess("-p", "dispatcher.plugin", "-p", "no:cacheprovider",
+                                            "-p", "no:xdist", "--dist=loadgroup")
+    assert blocked.ret == 0, (blocked.stdout.str() + blocked.stderr.str())[-2000:]
