@@ -2,7 +2,8 @@
 
     a2a-gate [PYTEST ARGS...]             run the whole suite (as ``pytest`` in a checkout of it)
     a2a-gate replay [--policy SPEC] [--context CTX] "World(...)"     one world, every check
-    a2a-gate fetch [sglang|vllm|flashinfer] [VERSION ...]   pre-fill the verified release cache
+    a2a-gate fetch [sglang|vllm|flashinfer] [--pin] [VERSION ...]   pre-fill the verified cache
+                                          (--pin: write the releases' hashes into pins.json)
     a2a-gate verdicts [--engine sglang|vllm|both] [SPEC ...]          the verdict tables
     a2a-gate bisect --good REV --bad REV [--repo PATH] [--engine sglang|vllm] [-- PYTEST ARGS]
 
@@ -39,15 +40,17 @@ def _fetch(args: List[str]) -> int:
 
     packages = {name: (e.package, lambda e=e: e.releases) for name, e in ENGINES.items()}
     packages["flashinfer"] = (lambda: flashinfer.PACKAGE, lambda: flashinfer.PINNED)
+    flags = [a for a in args if a == "--pin"]
+    args = [a for a in args if a != "--pin"]
     chosen = [args[0]] if args and args[0] in packages else list(packages)
     versions = args[1:] if args and args[0] in packages else args
     if versions and len(chosen) > 1:
-        print(f"usage: a2a-gate fetch [{'|'.join(packages)}] [VERSION ...] (name the package of "
-              f"the versions)", file=sys.stderr)
+        print(f"usage: a2a-gate fetch [{'|'.join(packages)}] [--pin] [VERSION ...] (name the "
+              f"package of the versions)", file=sys.stderr)
         return 2
     for name in chosen:
         package, pinned = packages[name]
-        code = fetch_main(package(), pinned(), ["fetch", *versions])
+        code = fetch_main(package(), pinned(), ["fetch", *flags, *versions])
         if code:
             return code
     return 0

@@ -196,9 +196,11 @@ class Package:
         return (not Path(name).is_absolute() and ".." not in parts and len(parts) > 1
                 and parts[0] == (self.module or self.name))
 
-    def _extract(self, wheel: Path, folder: Path, origin: str, pin: Optional[dict] = None) -> Path:
+    def _extract(self, wheel: Path, folder: Path, origin: str, pin: Optional[dict] = None,
+                 widening: bool = False) -> Path:
         """Put the wheel's main file, its companions and a manifest into ``folder``
-        (atomically); a pinned release's wheel and files must match ``pin``."""
+        (atomically); a pinned release's wheel and files must match ``pin`` (``widening``: the
+        files ``pin`` names must match, others the gate now keeps are new to it)."""
         digest = sha256(wheel)
         if pin is not None and pin["wheels"].get(wheel.name, digest) != digest:
             raise ReleaseError(f"{origin}: {wheel.name} has sha256 {digest}, not the pinned "
@@ -220,9 +222,12 @@ class Package:
         hashes = {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}
         if pin is not None and hashes != pin["files"]:
             wrong = sorted(n for n in set(hashes) | set(pin["files"])
-                           if hashes.get(n) != pin["files"].get(n))
-            raise ReleaseError(f"{origin}: {', '.join(wrong)} differ from the pinned release "
-                               f"(dispatcher/{self.module or self.name}/pins.json): the index served another file")
+                           if hashes.get(n) != pin["files"].get(n)
+                           and not (widening and n not in pin["files"]))
+            if wrong:
+                raise ReleaseError(f"{origin}: {', '.join(wrong)} differ from the pinned release "
+                                   f"(dispatcher/{self.module or self.name}/pins.json): the index "
+                                   f"served another file")
         folder.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=_staging(folder.name)) as tmp:
             staged = Path(tmp) / folder.name
@@ -243,10 +248,11 @@ class Package:
                     raise
         return folder / main
 
-    def fetch_release(self, version: str) -> Path:
+    def fetch_release(self, version: str, widening: bool = False) -> Path:
         """The release's main file, from the verified cache or PyPI. Safe to call from
         several processes at once (xdist workers): one fetches under a lock per release,
-        the others wait for it (bounded) and use its verified copy."""
+        the others wait for it (bounded) and use its verified copy. ``widening``: a pinned
+        release may hold files its pin does not name yet (``fetch --pin`` adds them)."""
         version = self.canonical_version(version)
         folder = self.cache_dir() / version
         hit = self.verified(folder)
@@ -257,13 +263,13 @@ class Package:
             with _locked(folder.parent / f".{version}.lock", PIP_TIMEOUT_S + 60,
                          f"{self.name}:{version}"):
                 _sweep(folder.parent, version)
-                return self.verified(folder) or self._download(version, folder)
+                return self.verified(folder) or self._download(version, folder, widening)
         except OSError as exc:
             raise ReleaseError(f"{self.name}:{version}: the cache {folder.parent} cannot be "
                                f"written ({exc.strerror or exc}); set {self.cache_env} to a "
                                f"writable folder") from None
 
-    def _download(self, version: str, folder: Path) -> Path:
+    def _download(self, version: str, folder: Path, widening: bool = False) -> Path:
         hint = (f"(offline? pre-fetch with python -m dispatcher.{self.module or self.name} fetch {version}, "
                 f"or set {self.cache_env})")
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=_staging(version)) as tmp:
@@ -285,7 +291,35 @@ class Package:
                 raise ReleaseError(f"{self.name}:{version}: expected one wheel, pip gave {wheels}")
             return self._extract(wheels[0], folder,
                                  f"{self.name}=={version} from the package index",
-                                 self.pins.get(version))
+                                 self.pins.get(version), widening)
+
+    # --- pins -------------------------------------------------------------------------------
+    def pin_of(self, version: str) -> dict:
+        """The pin of ``version`` as its verified copy records it: the hash of every file the
+        gate keeps and of the wheel it came from (the wheels pinned before are kept too). A
+        release already pinned must still match the files its pin names."""
+        version = self.canonical_version(version)
+        folder = self.root_of(self.fetch_release(version, widening=True))
+        manifest = json.loads((folder / "manifest.json").read_text())
+        wheels = dict(self.pins.get(version, {}).get("wheels", {}))
+        wheels[manifest["wheel"]] = manifest["wheel_sha256"]
+        return {"files": dict(manifest["sha256"]), "wheels": wheels}
+
+    def write_pins(self, versions) -> Path:
+        """Add or refresh the pins of ``versions`` in ``pins.json`` (the rest kept as is)."""
+        if not self.pins_file:
+            raise ReleaseError(f"{self.name}: this package keeps no pins")
+        pins = dict(self.pins)
+        pins.update({self.canonical_version(v): self.pin_of(v) for v in versions})
+        text = json.dumps(pins, indent=1, sort_keys=True) + "\n"
+        try:
+            tmp = Path(self.pins_file).with_suffix(".json.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, self.pins_file)
+        except OSError as exc:
+            raise ReleaseError(f"{self.pins_file} cannot be written ({exc.strerror or exc}): "
+                               f"pin from a checkout of the gate") from None
+        return Path(self.pins_file)
 
     def wheel_file(self, wheel: Path) -> Path:
         """A local wheel's main file, cached under the hash of the wheel's bytes."""
@@ -414,14 +448,21 @@ def _locked(path: Path, timeout_s: float, what: str):
 
 
 def fetch_main(package: Package, pinned, argv) -> int:
-    """``python -m dispatcher.<engine> fetch [VERSION ...]``: pre-fill the verified cache (no
-    version: every release the engine's verdict table pins)."""
-    if len(argv) < 1 or argv[0] != "fetch":
-        print(f"usage: python -m dispatcher.{package.name} fetch [VERSION ...]", file=sys.stderr)
+    """``python -m dispatcher.<engine> fetch [--pin] [VERSION ...]``: pre-fill the verified
+    cache (no version: every release the engine's verdict table pins); ``--pin`` also writes
+    those releases' hashes into the engine's ``pins.json`` (a new release, or a file the gate
+    now keeps), so no hash is copied by hand."""
+    pin = "--pin" in argv[1:]
+    versions = [a for a in argv[1:] if a != "--pin"]
+    if len(argv) < 1 or argv[0] != "fetch" or any(v.startswith("-") for v in versions):
+        print(f"usage: python -m dispatcher.{package.module or package.name} fetch [--pin] "
+              f"[VERSION ...]", file=sys.stderr)
         return 2
     try:
-        for version in argv[1:] or pinned:
-            print(package.fetch_release(version))
+        for version in versions or pinned:
+            print(package.fetch_release(version, widening=pin))
+        if pin:
+            print(f"pinned {', '.join(versions or pinned)} in {package.write_pins(versions or pinned)}")
     except ReleaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

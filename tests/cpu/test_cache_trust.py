@@ -142,3 +142,59 @@ def test_an_empty_home_never_puts_the_cache_at_the_root(monkeypatch, home):
     monkeypatch.setenv("HOME", home)
     assert user_cache() != Path("/.cache/a2a-sizing-gate")
     assert user_cache().parts[-2:] == (".cache", "a2a-sizing-gate")
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm", "flashinfer"])
+def test_pinning_the_pinned_releases_writes_the_committed_pins(tmp_path, engine):
+    """``fetch --pin`` over the pinned releases rewrites ``pins.json`` byte for byte: the
+    committed hashes are what the verified copies record, and none was copied by hand."""
+    import dataclasses
+    import importlib
+
+    module = importlib.import_module(f"dispatcher.{engine}.fetch")
+    committed = module.PACKAGE
+    copy = tmp_path / "pins.json"
+    shutil.copy(committed.pins_file, copy)
+    package = dataclasses.replace(committed, pins_file=copy)
+    package.write_pins(list(committed.pins))
+    assert copy.read_bytes() == Path(committed.pins_file).read_bytes()
+
+
+def test_fetch_pin_writes_a_pin_the_next_fetch_enforces(tmp_path, monkeypatch, capsys):
+    """A new release pinned from its verified copy; a later copy with another file or wheel is
+    refused; a file the gate newly keeps is added to a pin (widening) while the files the pin
+    names must still match."""
+    import dataclasses
+
+    from dispatcher.wheels import fetch_main
+
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    pins = tmp_path / "pins.json"
+    pins.write_text("{}\n")
+    package = dataclasses.replace(fetch.PACKAGE, pins_file=pins)
+    wheel = tmp_path / "sglang-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(fetch.RELEASE_FILE, "class FlashinferDispatcher: pass\n")
+    package._extract(wheel, tmp_path / "cache" / "9.9.9", "test")
+    assert fetch_main(package, [], ["fetch", "--pin", "9.9.9"]) == 0
+    assert "pinned 9.9.9" in capsys.readouterr().out
+    pin = package.pins["9.9.9"]
+    assert pin == {"files": {fetch.RELEASE_FILE: fetch.sha256(tmp_path / "cache" / "9.9.9" /
+                                                              fetch.RELEASE_FILE)},
+                   "wheels": {wheel.name: fetch.sha256(wheel)}}
+
+    other = tmp_path / "other" / wheel.name
+    other.parent.mkdir()
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr(fetch.RELEASE_FILE, "class FlashinferDispatcher: x = 1\n")
+    with pytest.raises(ReleaseError, match="not the pinned"):
+        package._extract(other, tmp_path / "out" / "9.9.9", "test", pin)
+
+    companion = package.companions[0]
+    with zipfile.ZipFile(wheel, "a") as z:
+        z.writestr(companion, "# new\n")
+    narrow = {"files": pin["files"], "wheels": {}}
+    with pytest.raises(ReleaseError, match=companion):
+        package._extract(wheel, tmp_path / "out" / "9.9.9", "test", narrow)
+    package._extract(wheel, tmp_path / "out" / "9.9.9", "test", narrow, widening=True)
+    assert fetch_main(package, [], ["fetch", "--pin", "-x"]) == 2
