@@ -27,7 +27,7 @@ def test_concurrent_fetches_download_once(tmp_path, monkeypatch):
     wheel = _fake_wheel(tmp_path / "sglang-9.9.9-py3-none-any.whl")
     calls = []
 
-    def download(self, version, folder):
+    def download(self, version, folder, widening=False):
         calls.append(version)
         threading.Event().wait(0.3)  # long enough for the others to queue on the lock
         return self._extract(wheel, folder, "a test wheel")
