@@ -17,18 +17,26 @@ INI_ARGS = ("--strict-markers", "--strict-config", "-ra", "--dist=loadgroup",
             "-o", "xfail_strict=true")
 
 
-def _suite() -> Tuple[Path, List[str]]:
-    """(the suite's folder, the settings it runs with)."""
+def _suite() -> Tuple[Path, List[str], List[str]]:
+    """(the suite's folder, the settings it runs with, where pytest's cache goes)."""
     if (_REPO / "pyproject.toml").is_file() and (_REPO / "tests" / "__init__.py").is_file():
-        return _REPO / "tests", ["-c", str(_REPO / "pyproject.toml"), "--rootdir", str(_REPO)]
+        return _REPO / "tests", ["-c", str(_REPO / "pyproject.toml"), "--rootdir", str(_REPO)], []
     spec = importlib.util.find_spec("dispatcher.suite")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("a2a-gate: the suite (dispatcher.suite) is not installed with the gate")
     suite = Path(list(spec.submodule_search_locations)[0])
     from .wheels import user_cache  # pytest's cache beside the releases, not in site-packages
 
-    return suite, ["-c", os.devnull, "--rootdir", str(suite), "-p", "dispatcher.plugin",
-                   *INI_ARGS, "-o", f"cache_dir={user_cache() / 'pytest-cache'}"]
+    return (suite, ["-c", os.devnull, "--rootdir", str(suite), "-p", "dispatcher.plugin",
+                    *INI_ARGS], ["-o", f"cache_dir={user_cache() / 'pytest-cache'}"])
+
+
+def _no_cache(args: Sequence[str]) -> bool:
+    """Whether ``args`` turn pytest's cache plugin off (``-p no:cacheprovider``)."""
+    args = list(args)
+    return any(a in ("-pno:cacheprovider", "-p=no:cacheprovider")
+               or (a == "-p" and i + 1 < len(args) and args[i + 1] == "no:cacheprovider")
+               for i, a in enumerate(args))
 
 
 def suite_args(parts: Tuple[str, ...] = (), args: Sequence[str] = ()) -> List[str]:
@@ -39,7 +47,9 @@ def suite_args(parts: Tuple[str, ...] = (), args: Sequence[str] = ()) -> List[st
     an engine's own pytest configuration). ``args``: more pytest arguments; those that name a
     path inside the suite (``sglang/test_engine_steps.py::test_x``) select it instead of the
     whole suite."""
-    suite, settings = _suite()
+    suite, settings, cache = _suite()
+    if not _no_cache(args):  # with pytest's cache plugin off, cache_dir is no option at all
+        settings += cache
     named = [a for a in args if not a.startswith("-") and (suite / a.split("::")[0]).exists()]
     rest = [a for a in args if a not in named]
     return settings + [str(suite / p) for p in (*parts, *named) or (".",)] + rest

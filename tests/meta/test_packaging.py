@@ -56,6 +56,21 @@ def test_a2a_gate_runs_the_suite_from_outside_the_repository(tmp_path, monkeypat
     assert "-c" in suite_args()
 
 
+@pytest.mark.parametrize("off", [["-p", "no:cacheprovider"], ["-pno:cacheprovider"], []])
+def test_the_installed_gate_sets_pytests_cache_only_where_the_cache_plugin_runs(off, monkeypatch,
+                                                                              tmp_path):
+    """Installed, the gate puts pytest's cache beside its release caches (``-o cache_dir``);
+    with the cache plugin off that option does not exist, and --strict-config would refuse
+    the run (exit 4), so it is not passed."""
+    from dispatcher import runner
+
+    monkeypatch.setattr(runner, "_suite", lambda: (tmp_path, ["-c", os.devnull],
+                                                   ["-o", "cache_dir=/elsewhere"]))
+    args = suite_args(args=off)
+    assert ("cache_dir=/elsewhere" in args) == (not off), args
+    assert args[:2] == ["-c", os.devnull] and args[len(args) - len(off):] == off
+
+
 def test_the_plugin_loads_before_xdist_as_the_installed_gate_loads_it(pytester):
     """``a2a-gate`` installed passes ``-p dispatcher.plugin``, which loads before the plugins
     of installed packages (xdist among them): their options must not collide."""
