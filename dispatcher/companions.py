@@ -67,7 +67,7 @@ def parse(path: Path) -> ast.Module:
                            f"{exc})") from None
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)  # every pinned release's companion files, with room
 def _parsed(data: bytes) -> ast.Module:
     return ast.parse(data)
 

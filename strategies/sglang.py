@@ -84,6 +84,10 @@ _STALE = st.integers(1, 4)
 # DP attention as a server config: one group per rank first (every release's accepted one)
 _DP_ATTENTION = st.sampled_from(("full", True))
 _ANY_TOPOLOGY = st.sampled_from(("full", None))
+# SGLang pads a decode step SUM_LEN only when its groups are skewed (sum * 2 < max * dp, its
+# DpPaddingMode): one busy group among three or more. A quarter of the "any" steps are drawn
+# there, so both of the release's padding modes are searched (MAX_LEN otherwise dominates).
+_SKEWED_DP = dict(dp_attention="full", ep_sizes=(3, 4, 6, 8), shape="one_hot")
 
 
 @st.composite
@@ -91,7 +95,9 @@ def sglang_steps(draw, regime: str = "any"):
     """``(world, ctx)`` in ``regime`` (one of REGIMES)."""
     if regime == "any":
         ctx = draw(_ANY_CONTEXT)
-        return _producible(draw(_worlds(dp_attention=draw(_ANY_TOPOLOGY))), ctx), ctx
+        skewed = draw(st.integers(0, 3)) == 0
+        world = draw(_worlds(**_SKEWED_DP) if skewed else _worlds(dp_attention=draw(_ANY_TOPOLOGY)))
+        return _producible(world, ctx), ctx
     if regime == "sp-prescatter":
         return draw(_worlds(ep_sizes=(2, 3, 4, 8), dp_attention=False)), SGLangContext()
     if regime == "constructed-cap":

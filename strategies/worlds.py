@@ -188,7 +188,8 @@ def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
     CAP_PLACEMENTS) pin those choices for a regime."""
     ep, dp = _draw_topology(draw, max_ep, ep_sizes, dp_attention)
     attn_tp = ep // dp
-    kind = draw(_choice(DP_GLOBAL_KINDS))
+    # an unrecorded dp_global (None / []) is for groups that all run the same batch
+    kind = draw(_choice(DP_GLOBAL_KINDS)) if shape in (None, "equal", "all_zero") else "recorded"
     scale = draw(_choice(tuple(m for m in (8, 64, 1024, max_tokens) if m <= max_tokens)))
     if shape is None and kind != "recorded":
         shape = "equal"

@@ -17,6 +17,7 @@ from ..model.generations import replay_flag
 from ..model.workspace import workspace_size_per_rank
 from ..model.world import World
 from ..sizing import NotApplicable
+from .forward import ReleaseCodeError
 from .loader import Outcome, SGLangRelease
 from .report import describe_outcomes, describe_sources
 
@@ -119,7 +120,10 @@ def _constructed_cap(release, world, ctx, outs):
 
 
 def _cuda_graph_buckets(release, world, ctx, outs):
-    replayed = release.replay_world(world, ctx)
+    try:
+        replayed = release.replay_world(world, ctx)
+    except ReleaseCodeError as exc:
+        return str(exc)
     problem = _runtime_problems(world, outs, replayed)
     if problem:
         return f"replaying buckets {list(replayed.group_tokens)}: {problem}"
@@ -127,8 +131,13 @@ def _cuda_graph_buckets(release, world, ctx, outs):
 
 
 def _sound_launch(release, world, ctx, outs):
-    """The classes whose damage is an unsound launch: checked as such, nothing more."""
-    return _runtime_problems(world, outs, world)
+    """The classes whose damage is an unsound launch: checked as such, nothing more (against
+    the rows the release's own forward batch padded each rank to)."""
+    try:
+        rows = release.padded_world(world, ctx)
+    except ReleaseCodeError as exc:
+        return str(exc)
+    return _runtime_problems(world, outs, rows)
 
 
 def _padding(release, world, ctx, outs):

@@ -33,6 +33,7 @@ from ..engine_tensors import stand_in_rows
 from ..wheels import exec_engine_file, reentrant
 from . import fetch
 from .report import describe_outcomes, describe_sources
+from .forward import ReleaseCodeError
 from .scheduler import ServerConfig, load_scheduler
 from .sources import NEEDED, RELEASES, VERSION_FILES
 from .standins import (Hooks, LaunchRecord, Launched, RoutedAround, StandardTopKOutput, _Group,
@@ -113,6 +114,7 @@ class SGLangRelease(EnginePolicy):
     _instances: "OrderedDict[tuple, object]" = field(default_factory=OrderedDict, repr=False)
     _input_cache: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
     _refusals: Dict[ServerConfig, Optional[str]] = field(default_factory=dict, repr=False)
+    _padded_worlds: Dict[tuple, object] = field(default_factory=dict, repr=False)
     MAX_INSTANCES = 2048  # constructed dispatchers kept (LRU): one per rank and shape
 
     @property
@@ -159,16 +161,17 @@ class SGLangRelease(EnginePolicy):
         """The nearest world this release runs: ``world``, or, for a topology its server-arg
         checks refuse, the same rows with every EP rank its own DP group (DP attention with
         attn_dp_size == tp_size, the topology every release since 0.5.13 requires); rows,
-        cap and ideal runtime are unchanged. ``NotApplicable`` if that is refused too."""
+        cap and ideal runtime are unchanged. ``NotApplicable`` if that is refused too. Either
+        is then padded as the release's forward batch pads a decode step (``padded_world``)."""
         if self.refusal(world) is None:
-            return world
+            return self.padded_world(world)
         rows = world.rows_per_rank
         nearest = replace(world, dp_size=world.ep_size, group_tokens=tuple(rows),
                           dp_global_kind="recorded", max_len_padding=False)
         reason = self.refusal(nearest)
         if reason:
             raise NotApplicable(reason)
-        return nearest
+        return self.padded_world(nearest)
 
     def dispatcher(self, world: World, rank: int, ctx: SGLangContext):
         """This rank's ``FlashinferDispatcher``, constructed by its own ``__init__`` (kept per
@@ -209,28 +212,79 @@ class SGLangRelease(EnginePolicy):
         finally:
             current.reset(token)
 
+    def require_gather(self, world: World, ctx: SGLangContext = SGLangContext()) -> bool:
+        """This release's own ``require_mlp_tp_gather()`` for the step's server args."""
+        with self.as_rank(world, 0, ctx):
+            return mlp_tp_gather()
+
     def records_every_group(self, world: World, ctx: SGLangContext = SGLangContext()) -> bool:
         """Whether every DP group's count is shared for these server args: this release's
         own ``require_mlp_tp_gather()``, and an all-gather that is not skipped."""
         if not world.dp_attention or ctx.skip_all_gather:
             return not ctx.skip_all_gather
-        with self.as_rank(world, 0, ctx):
-            return mlp_tp_gather()
+        return self.require_gather(world, ctx)
+
+    def padded_world(self, world: World, ctx: SGLangContext = SGLangContext()) -> World:
+        """The eager step as the release's forward batch pads it: ``world`` with the padding
+        mode the release's ``prepare_mlp_sync_batch`` chose, or, where its padded counts are
+        not that (an edited padding), each DP group's padded rows as its count. ``world``
+        itself where nothing is padded (no DP attention, a CUDA graph, no gathered list)."""
+        if not world.dp_attention or ctx.forward_mode in ("capture", "replay"):
+            return world
+        key = (world, ctx, active().version)
+        if key not in self._padded_worlds:
+            if len(self._padded_worlds) > 4096:
+                self._padded_worlds.clear()
+            self._padded_worlds[key] = self._pad(world, ctx)
+        return self._padded_worlds[key]
+
+    def _pad(self, world: World, ctx: SGLangContext) -> World:
+        sched, tp = self.hooks.scheduler, world.attn_tp_size
+        require = self.require_gather(world, ctx)
+        padded = [sched.padded(world, ctx, g * tp, require) for g in range(world.dp_size)]
+        if any(p is None for p in padded):
+            return world
+        rows = tuple(p.num_tokens for p in padded)
+        moded = replace(world, max_len_padding=all(p.max_len for p in padded))
+        if moded.padded_group_tokens == rows:
+            return moded
+        bad = [g for g, n in enumerate(rows) if type(n) is not int or n < 0 or n % tp]
+        if bad:
+            raise ReleaseCodeError(
+                f"{sched.sources['padding']} padded DP group {bad[0]} to {rows[bad[0]]!r} "
+                f"rows, not a multiple of attn_tp={tp}: the attention-TP scatter cannot split "
+                f"it")
+        return replace(world, group_tokens=rows, max_len_padding=False)
 
     def replay_world(self, world: World, ctx: SGLangContext) -> Optional[World]:
-        """The padded step a CUDA-graph replay runs: each DP group's batch rounded up to
-        its bucket, chosen from the cross-rank max when the scheduler all-gathers counts
-        and from the group's own batch otherwise (SGLang #30242 / #30450); a draft forward's
-        buckets count requests of ``tokens_per_req`` tokens each. ``None`` when a
-        batch is larger than every bucket (the step runs eagerly)."""
-        shared = self.records_every_group(world, ctx)
-        k = ctx.tokens_per_req  # buckets count requests; a draft's graph runs k tokens each
+        """The padded step a CUDA-graph replay runs: each DP group's batch rounded up to the
+        bucket the release's own decode runner picks for it (``forward.GraphRunner``: the
+        cross-rank max when it requires the MLP gather, the group's own batch otherwise,
+        SGLang #30242 / #30450); a draft forward's buckets count requests of
+        ``tokens_per_req`` tokens each. ``None`` when the step runs eagerly: a batch larger
+        than every bucket (the runner's ``can_run``), or no gathered counts (the all-gather
+        skipped: the scheduler never marks the batch ``can_run_dp_cuda_graph``)."""
+        sched, tp, k = self.hooks.scheduler, world.attn_tp_size, ctx.tokens_per_req
+        require = self.require_gather(world, ctx) if world.dp_attention else False
         requests = [n // k for n in world.group_tokens]
-        need = [max(requests)] * world.dp_size if shared else requests
+        gathered = [sched.gathered(world, ctx, g * tp, require) if world.dp_attention else None
+                    for g in range(world.dp_size)]
+        if world.dp_attention and any(x is None for x in gathered):
+            return None
+        need = [max(gathered[g]) if require and world.dp_attention else requests[g]
+                for g in range(world.dp_size)]
         if max(need) > CAPTURE_SIZES[-1]:
             return None
-        buckets = tuple(min(b for b in CAPTURE_SIZES if b >= max(n, 1)) * k for n in need)
+        buckets = tuple(sched.runner.bucket(ctx, CAPTURE_SIZES, require, requests[g],
+                                            gathered[g]) * k for g in range(world.dp_size))
         return replace(world, group_tokens=buckets, max_len_padding=False)
+
+    def forward_world(self, world: World, ctx: SGLangContext) -> World:
+        """The step whose rows the dispatcher holds: the replayed buckets, or the padded
+        eager step (``world`` where the step runs eagerly without DP padding)."""
+        if ctx.forward_mode == "replay":
+            return self.replay_world(world, ctx) or world
+        return self.padded_world(world, ctx)
 
     def outcome(self, world: World, rank: int, ctx: SGLangContext = SGLangContext()) -> Outcome:
         """Run this release's dispatch() as EP rank ``rank`` of ``world``. In ``replay``
@@ -242,18 +296,25 @@ class SGLangRelease(EnginePolicy):
             raise NotApplicable("every DP group is idle: SGLang's scheduler runs no forward "
                                 "(no idle batch unless the all-gather is skipped)")
         if ctx.forward_mode == "replay":
-            replayed = self.replay_world(world, ctx)
+            try:
+                replayed = self.replay_world(world, ctx)
+            except ReleaseCodeError as exc:
+                return Outcome(error=str(exc))
             if replayed is None:
                 raise NotApplicable("batch larger than every CUDA-graph bucket: runs eagerly")
             tp = world.attn_tp_size
             captured = replace(replayed, group_tokens=(replayed.group_tokens[rank // tp],) * world.dp_size)
             return self.outcome(captured, rank, replace(ctx, forward_mode="capture"))
+        try:
+            rows = self.padded_world(world, ctx).rows_per_rank[rank]
+        except ReleaseCodeError as exc:
+            return Outcome(error=str(exc))
         with self.as_rank(world, rank, ctx) as state:
             try:
                 d = self.dispatcher(world, rank, ctx)
                 for attr in ("runtime_max_tokens_per_rank", "active_moe_a2a", "active_a2a_namespace"):
                     d.__dict__.pop(attr, None)
-                d.dispatch(*self._inputs(world.rows_per_rank[rank], world.moe))
+                d.dispatch(*self._inputs(rows, world.moe))
                 return Outcome(routed_around=True, seen_dp_global=state.seen_dp_global)
             except Launched as launched:
                 return Outcome(launch=launched.record, seen_dp_global=state.seen_dp_global)

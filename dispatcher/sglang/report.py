@@ -15,7 +15,7 @@ def describe_outcomes(outs: Sequence, world: Optional[World] = None) -> str:
     marked where that differs from the world's ``dp_global`` printed above it."""
     def one(o) -> str:
         if o.error:
-            return f"raised {o.error.splitlines()[0][:90]}"
+            return f"raised {o.error.splitlines()[0][:240]}"
         if o.routed_around:
             return "routed the batch around the A2A"
         rec = o.launch
@@ -42,4 +42,5 @@ def describe_sources(release) -> str:
         return f"  step made by: {next(iter(src.values()))}"
     return (f"  step made by SGLang's own code: config accepted by {src['topology']}; list by "
             f"{src['gather']}; all-gather skipped per {src['skip_all_gather']}; draft counts "
-            f"by {src['spec_scale']}")
+            f"by {src['spec_scale']}; padded by {src['padding']}; CUDA-graph bucket by "
+            f"{src['bucket']}")

@@ -25,10 +25,10 @@ spec_scale_global_num_tokens``        counts times its tokens per request (0.5.1
                                       same product)
 ====================================  =========================================================
 
-Two steps stay stand-ins, documented in docs/sglang.md: the forward batch's padding of each
-group's count to a multiple of attn_tp (and to the max in MAX_LEN mode) in
-``ForwardBatch.prepare_mlp_sync_batch`` (a method needing a model runner), and CUDA-graph
-capture, which records no list. Which file each function comes from (the tree, the release a
+The forward batch's DP padding (``ForwardBatch.prepare_mlp_sync_batch``) and the decode
+CUDA-graph runner's bucket choice run from the release too (``forward.py``). What still stands
+in is documented in docs/sglang.md: the capture sizes, the runner's ``can_run`` check and the
+list a capture publishes. Which file each function comes from (the tree, the release a
 lone file is identical to, or the newest release standing in) is ``dispatcher.companions``'
 answer; ``Scheduler.sources`` names it in every message.
 """
@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import ast
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
-from ..sizing import ceil_align
 from ..companions import Companions, companion_function
-from .sources import TOPOLOGY_ASSERT, flashinfer_assert
+from .forward import GraphRunner, Padded, Padding
+from .sources import BUCKET_CHOICE, PADDING, TOPOLOGY_ASSERT, flashinfer_assert
 
 __all__ = ["ServerConfig", "Scheduler", "load_scheduler", "MUSE_SPARK"]
 
@@ -103,6 +103,9 @@ class Scheduler:
     should_skip_all_gather: Optional[Callable]
     spec_scale: Optional[Callable]
     sources: Dict[str, str]  # what decided each step: "file:line function" or the stand-in
+    padding: Optional[Padding] = None  # the forward batch's DP padding
+    runner: Optional[GraphRunner] = None  # the decode CUDA-graph runner's bucket choice
+    _padded: Dict[tuple, Padded] = field(default_factory=dict, repr=False, compare=False)
 
     # --- server args -------------------------------------------------------------------------
     def refusal(self, config: ServerConfig) -> Optional[str]:
@@ -136,33 +139,52 @@ class Scheduler:
         self.update_gather_batch(batch, info, require_gather)
         return batch.global_num_tokens
 
+    def scaled(self, world: World, ctx: SGLangContext, rank: int, require_gather: bool):
+        """The gathered list in tokens: a speculative forward's request counts scaled by the
+        release's own ``spec_scale_global_num_tokens`` (``forward_batch.global_num_tokens_cpu``
+        before padding); None where nothing was gathered."""
+        listed = self.gathered(world, ctx, rank, require_gather)
+        if listed is None or ctx.tokens_per_req == 1:
+            return None if listed is None else list(listed)
+        if self.spec_scale is None:
+            return [n * ctx.tokens_per_req for n in listed]
+        spec = _Anything(num_tokens_per_req=ctx.tokens_per_req,
+                         num_tokens_for_logprob_per_req=ctx.tokens_per_req)
+        return list(self.spec_scale(spec, list(listed), list(listed))[0])
+
+    def padded(self, world: World, ctx: SGLangContext, rank: int,
+               require_gather: bool) -> Optional[Padded]:
+        """What the release's ``prepare_mlp_sync_batch`` publishes on EP rank ``rank`` of an
+        eager DP-attention step, and the rows its DP group holds; None where the scheduler
+        gathered nothing (the all-gather skipped: the batch is not padded)."""
+        listed = self.scaled(world, ctx, rank, require_gather)
+        if listed is None or self.padding is None:
+            return None
+        group = rank // world.attn_tp_size
+        key = (world, ctx, group, tuple(listed))
+        if key not in self._padded:
+            if len(self._padded) > 4096:
+                self._padded.clear()
+            self._padded[key] = self.padding.run(
+                world, ctx, group, listed, world.group_tokens[group] // ctx.tokens_per_req,
+                ctx.forward_mode in ("extend", "mixed"))
+        return self._padded[key]
+
     def dp_global(self, world: World, ctx: SGLangContext, rank: int, require_gather: bool):
         """What ``get_dp_global_num_tokens()`` returns on EP rank ``rank``.
 
-        DP attention: the release's gather (above), scaled to a speculative forward's tokens
-        by its own ``spec_scale_global_num_tokens``, then padded as the forward batch pads
-        (a multiple of attn_tp; every entry the max in MAX_LEN mode). Without DP attention
-        (SP): the one pre-scatter count, nothing in CUDA-graph capture or where the world
-        records nothing."""
-        tp = world.attn_tp_size
+        DP attention: the release's gather (above), scaled to a speculative forward's tokens,
+        then what the release's own forward-batch padding publishes (eager steps; a CUDA-graph
+        capture publishes the counts it captures, unpadded). Without DP attention (SP): the one
+        pre-scatter count, nothing in CUDA-graph capture or where the world records nothing."""
         if not world.dp_attention:
             if ctx.forward_mode == "capture" or world.dp_global is None:
                 return None
             return [] if world.dp_global == () else list(world.padded_group_tokens)
-        listed = self.gathered(world, ctx, rank, require_gather)
-        if listed is None:
-            return None
-        if ctx.tokens_per_req > 1:
-            if self.spec_scale is None:
-                listed = [n * ctx.tokens_per_req for n in listed]
-            else:
-                spec = _Anything(num_tokens_per_req=ctx.tokens_per_req,
-                                 num_tokens_for_logprob_per_req=ctx.tokens_per_req)
-                listed = list(self.spec_scale(spec, list(listed), list(listed))[0])
-        padded = [ceil_align(n, tp) for n in listed]
-        if world.max_len_padding:
-            padded = [max(world.padded_group_tokens)] * len(padded)
-        return padded
+        if ctx.forward_mode == "capture":
+            return self.scaled(world, ctx, rank, require_gather)
+        padded = self.padded(world, ctx, rank, require_gather)
+        return None if padded is None else padded.published
 
     def stale_dp_global(self, world: World, ctx: SGLangContext, rank: int, require_gather: bool):
         """The hazard of the hardening column: a draft forward handed the target step's list,
@@ -235,9 +257,14 @@ def load_scheduler(companions: Companions, namespace: Dict[str, object]) -> Sche
     scale_source = (_source(spec, "spec_scale_global_num_tokens", scale, standin) if scale
                     else "no spec_scale_global_num_tokens() in the release: "
                          "SpecInput.get_spec_adjusted_global_num_tokens, requests x tokens per request")
+    forward, runner_file = companions.source(PADDING), companions.source(BUCKET_CHOICE)
+    padding = None if forward is None else Padding(forward, standin)
+    runner = None if runner_file is None else GraphRunner(runner_file, standin)
     return Scheduler(topology, update, skip, scale, {
         "topology": topo_source,
         "gather": _source(dp_attn, "_update_gather_batch", update, standin),
         "skip_all_gather": skip_source,
         "spec_scale": scale_source,
-    })
+        "padding": padding.source if padding else "no prepare_mlp_sync_batch() in the tree",
+        "bucket": runner.source if runner else "no decode CUDA-graph runner in the tree",
+    }, padding, runner)

@@ -15,7 +15,8 @@ from ..companions import Needed, parse
 
 __all__ = ["RELEASES", "RELEASE_FILE", "COMMON", "OVERRIDES", "DP_ATTN", "SPEC_INFO", "MOE_HOOK",
            "SERVER_ARGS", "VERSION_FILES", "COMPANIONS", "NEEDED", "TOPOLOGY_ASSERT",
-           "flashinfer_assert"]
+           "FORWARD_BATCH", "DP_ATTENTION", "DECODE_RUNNERS", "RUNNER_BASE", "PADDING_METHOD",
+           "BUCKET_METHODS", "PADDING", "BUCKET_CHOICE", "flashinfer_assert"]
 
 # Every release on the package index whose dispatcher file differs from the one before
 # (0.5.11 = 0.5.10, 0.5.21 = 0.5.20, byte for byte).
@@ -30,7 +31,16 @@ SPEC_INFO = "sglang/srt/speculative/spec_info.py"  # spec_scale_global_num_token
 MOE_HOOK = "sglang/srt/arg_groups/moe_hook.py"  # server-arg checks of FlashInfer A2A (0.5.19+)
 SERVER_ARGS = "sglang/srt/server_args.py"  # the same checks before 0.5.19
 VERSION_FILES = ("sglang/version.py",)  # what release a tree says it is
-COMPANIONS = (COMMON, OVERRIDES) + DP_ATTN + (SPEC_INFO, MOE_HOOK, SERVER_ARGS)
+# the forward batch's DP padding and the decode CUDA-graph runner (dispatcher/sglang/forward.py)
+FORWARD_BATCH = "sglang/srt/model_executor/forward_batch_info.py"
+DP_ATTENTION = "sglang/srt/layers/dp_attention.py"  # DpPaddingMode, set_dp_buffer_len_from_batch
+DECODE_RUNNERS = ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",  # 0.5.14+
+                  "sglang/srt/model_executor/cuda_graph_runner.py")  # 0.5.10-0.5.13
+RUNNER_BASE = "sglang/srt/model_executor/runner/base_cuda_graph_runner.py"  # _pad_to_bucket
+PADDING_METHOD = ("ForwardBatch", "prepare_mlp_sync_batch")
+BUCKET_METHODS = (("DecodeCudaGraphRunner", "load_batch"), ("CudaGraphRunner", "replay_prepare"))
+COMPANIONS = ((COMMON, OVERRIDES) + DP_ATTN + (SPEC_INFO, MOE_HOOK, SERVER_ARGS, FORWARD_BATCH,
+                                               DP_ATTENTION) + DECODE_RUNNERS + (RUNNER_BASE,))
 
 _TOPOLOGY_NAMES = {"dp_size", "tp_size", "attn_dp_size", "enable_dp_attention", "attn_dp_enabled_of"}
 
@@ -63,6 +73,15 @@ def _flashinfer_assert(tree: ast.Module) -> Optional[Tuple[ast.expr, int]]:
 
 
 TOPOLOGY_ASSERT = "the assert under moe_a2a_backend == \"flashinfer\""
+PADDING = "ForwardBatch.prepare_mlp_sync_batch"
+BUCKET_CHOICE = "the decode CUDA-graph runner's replay (load_batch / replay_prepare)"
+
+
+def _has_method(path: Path, cls: str, name: str) -> bool:
+    owner = next((n for n in parse(path).body if isinstance(n, ast.ClassDef) and n.name == cls),
+                 None)
+    return owner is not None and any(isinstance(n, ast.FunctionDef) and n.name == name
+                                     for n in owner.body)
 NEEDED = (
     Needed("require_mlp_tp_gather", (COMMON,), "0.5.10",
            decides="whether the scheduler gathers every DP group's count"),
@@ -79,4 +98,10 @@ NEEDED = (
            finder=lambda p: flashinfer_assert(p) is not None),
     Needed("_flashinfer_a2a_topology_is_supported", (MOE_HOOK,), "0.5.23",
            decides="which topologies may use FlashInfer's A2A"),
+    Needed(PADDING, (FORWARD_BATCH,), "0.5.10",
+           decides="the padded list every rank publishes and the rows each DP group holds",
+           finder=lambda p: _has_method(p, *PADDING_METHOD)),
+    Needed(BUCKET_CHOICE, DECODE_RUNNERS, "0.5.10",
+           decides="the CUDA-graph bucket each rank replays",
+           finder=lambda p: any(_has_method(p, c, m) for c, m in BUCKET_METHODS)),
 )

@@ -117,8 +117,9 @@ def test_the_agreement_refuses_a_rank_variant_sglang_runtime_before_any_kernel(p
 
 @on_pool(2)
 def test_a_rank_failing_before_the_agreement_leaves_the_pool_in_step(pools, tmp_path):
-    """SGLang 0.5.23's file sizing from the smallest DP group: its own assert stops the rank
-    with the most rows before any launch while its peer waits in the agreement; the parent
+    """SGLang 0.5.23's file sizing one row short on EP rank 0 (an injected fault: on two
+    ranks SGLang pads every decode step MAX_LEN, so a wrong max over the list is invisible):
+    its own assert stops that rank before any launch while its peer waits in the agreement; the parent
     calls the agreement off, every rank answers, and the pool is kept (a rebuild per failing
     example made a wrong file take minutes to fail while Hypothesis shrank)."""
     import time
@@ -129,8 +130,10 @@ def test_a_rank_failing_before_the_agreement_leaves_the_pool_in_step(pools, tmp_
 
     text = fetch.fetch_release(RELEASES[-1]).read_text()
     mutant = tmp_path / "flashinfer.py"
-    mutant.write_text(text.replace("max_dp_tokens = max(dp_global_num_tokens)",
-                                   "max_dp_tokens = min(dp_global_num_tokens)"))
+    fault = ("                dp_global, attn_tp_size\n            )\n",
+             "                dp_global, attn_tp_size\n            ) - (self.ep_rank == 0)\n")
+    assert text.count(fault[0]) == 1
+    mutant.write_text(text.replace(*fault))
     pool, world = pools(2), World(ep_size=2, dp_size=2, group_tokens=(9, 3), max_num_tokens=64)
     if real_074(pool):
         return assert_sglang_cannot_run_on_074(pool, f"sglang:{mutant}")

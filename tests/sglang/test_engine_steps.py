@@ -85,6 +85,6 @@ def test_engine_in_every_context(engine, step):
     assert type(runtime) is int and runtime >= 1, f"runtime {runtime!r} is not an int >= 1\n{said}"
     assert runtime <= cap, f"runtime {runtime} over the cap {cap} SGLang built: FlashInfer's " \
                            f"assert crashes the server\n{said}"
-    rows = engine.replay_world(world, ctx) if ctx.forward_mode == "replay" else world
+    rows = engine.forward_world(world, ctx)  # the replayed buckets, or the padded step
     assert runtime >= rows.max_rows, f"runtime {runtime} < {rows.max_rows} rows: silent " \
                                      f"overflow\n{said}"
