@@ -45,7 +45,7 @@ from ..release_code import (
     compile_def,
     find_def,
 )
-from .sources import BUCKET_METHODS, DECODE_RUNNERS, FORWARD_BATCH, PADDING_METHOD
+from .sources import BUCKET_METHODS, FORWARD_BATCH, PADDING_METHOD
 from .standins import _Backend, _Envs
 
 __all__ = ["Padded", "Padding", "GraphRunner", "ReleaseCodeError", "STANDINS"]
@@ -146,9 +146,14 @@ def _standins() -> dict:
 STANDINS = _standins()
 
 
-def _root(path: Path, rel: str) -> Path:
-    """The tree holding ``path`` as its ``rel``."""
-    return Path(path).parents[len(Path(rel).parts) - 1]
+def _root(path: Path, rel: Optional[str] = None) -> Path:
+    """The tree holding ``path`` as its ``rel`` (default: the folder above its ``sglang/srt``)."""
+    path = Path(path)
+    if rel is None:
+        parts = path.parts
+        at = max(i for i in range(len(parts) - 1) if parts[i] == "sglang" and parts[i + 1] == "srt")
+        return Path(*parts[:at])
+    return path.parents[len(Path(rel).parts) - 1]
 
 
 def _rel(path: Path) -> str:
@@ -285,20 +290,34 @@ class _RunnerSelf(Strict):
         return fn
 
 
-class GraphRunner:
-    """The release's decode CUDA-graph runner: the bucket each rank replays."""
+def _class_home(ns: FileNamespace, cls: Optional[str], depth: int = 0):
+    """``(namespace, name)`` of the file that defines class ``cls`` as ``ns`` sees it (its own
+    class, or one it imports, through re-exports such as a package's ``__init__.py``)."""
+    if cls is None or depth > 8:
+        return None
+    if find_def(ns.path, cls) is not None:
+        return ns, cls
+    if cls in ns.imports:
+        module, original = ns.imports[cls]
+        path = ns.module_file(module)
+        if path is not None:
+            return _class_home(ns.namespace_of(path), original, depth + 1)
+    return None
 
-    def __init__(self, path: Path, tag: str = ""):
+
+class GraphRunner:
+    """One of the release's CUDA-graph runners (the decode runner, or the EAGLE draft runner
+    for a speculative draft forward): the bucket each rank replays."""
+
+    def __init__(self, path: Path, tag: str = "", methods=BUCKET_METHODS):
         self.path = Path(path)
-        rel = next(r for r in DECODE_RUNNERS if self.path.as_posix().endswith(r))
-        self.ns = FileNamespace(_root(path, rel), path, STANDINS)
-        for cls, name in BUCKET_METHODS:
+        self.ns = FileNamespace(_root(path), path, STANDINS)
+        for cls, name in methods:
             node = find_def(path, name, cls)
             if node is not None:
                 break
         else:
-            raise ReleaseCodeError(f"{path}: no DecodeCudaGraphRunner.load_batch or "
-                                   f"CudaGraphRunner.replay_prepare")
+            raise ReleaseCodeError(f"{path}: none of " + ", ".join(f"{c}.{m}" for c, m in methods))
         self.cls = cls
         sliced = _bucket_slice(node)
         if sliced is None:
@@ -323,18 +342,9 @@ class GraphRunner:
             static = any(isinstance(d, ast.Name) and d.id == "staticmethod"
                          for d in node.decorator_list)
             return fn if static else (lambda *a, **k: fn(self._self, *a, **k))
-        owner = find_def(ns.path, cls)
-        for base in getattr(owner, "bases", []):
-            base_name = getattr(base, "id", None)
-            if base_name is None:
-                continue
-            if find_def(ns.path, base_name) is not None:
-                found = self._find(ns, base_name, name)
-            elif base_name in ns.imports and ns.module_file(ns.imports[base_name][0]):
-                found = self._find(ns.namespace_of(ns.module_file(ns.imports[base_name][0])),
-                                   ns.imports[base_name][1], name)
-            else:
-                found = None
+        for base in getattr(find_def(ns.path, cls), "bases", []):
+            home = _class_home(ns, getattr(base, "id", None))
+            found = home and self._find(*home, name)
             if found is not None:
                 return found
         return None

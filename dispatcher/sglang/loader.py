@@ -258,7 +258,8 @@ class SGLangRelease(EnginePolicy):
 
     def replay_world(self, world: World, ctx: SGLangContext) -> Optional[World]:
         """The padded step a CUDA-graph replay runs: each DP group's batch rounded up to the
-        bucket the release's own decode runner picks for it (``forward.GraphRunner``: the
+        bucket the release's own decode runner (a draft forward: its EAGLE draft runner) picks
+        for it (``forward.GraphRunner``: the
         cross-rank max when it requires the MLP gather, the group's own batch otherwise,
         SGLang #30242 / #30450); a draft forward's buckets count requests of
         ``tokens_per_req`` tokens each. ``None`` when the step runs eagerly: a batch larger
@@ -275,8 +276,9 @@ class SGLangRelease(EnginePolicy):
                 for g in range(world.dp_size)]
         if max(need) > CAPTURE_SIZES[-1]:
             return None
-        buckets = tuple(sched.runner.bucket(ctx, CAPTURE_SIZES, require, requests[g],
-                                            gathered[g]) * k for g in range(world.dp_size))
+        runner = sched.draft_runner if ctx.draft_forward else sched.runner
+        buckets = tuple(runner.bucket(ctx, CAPTURE_SIZES, require, requests[g], gathered[g]) * k
+                        for g in range(world.dp_size))
         return replace(world, group_tokens=buckets, max_len_padding=False)
 
     def forward_world(self, world: World, ctx: SGLangContext) -> World:

@@ -43,4 +43,4 @@ def describe_sources(release) -> str:
     return (f"  step made by SGLang's own code: config accepted by {src['topology']}; list by "
             f"{src['gather']}; all-gather skipped per {src['skip_all_gather']}; draft counts "
             f"by {src['spec_scale']}; padded by {src['padding']}; CUDA-graph bucket by "
-            f"{src['bucket']}")
+            f"{src['bucket']} (a draft's by {src['draft_bucket']})")

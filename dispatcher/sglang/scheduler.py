@@ -44,7 +44,8 @@ from ..model.sglang_context import SGLangContext
 from ..model.world import World
 from ..companions import Companions, companion_function
 from .forward import GraphRunner, Padded, Padding
-from .sources import BUCKET_CHOICE, PADDING, TOPOLOGY_ASSERT, flashinfer_assert
+from .sources import (BUCKET_CHOICE, DRAFT_BUCKET_CHOICE, DRAFT_METHODS, PADDING, TOPOLOGY_ASSERT,
+                      flashinfer_assert)
 
 __all__ = ["ServerConfig", "Scheduler", "load_scheduler", "MUSE_SPARK"]
 
@@ -105,6 +106,7 @@ class Scheduler:
     sources: Dict[str, str]  # what decided each step: "file:line function" or the stand-in
     padding: Optional[Padding] = None  # the forward batch's DP padding
     runner: Optional[GraphRunner] = None  # the decode CUDA-graph runner's bucket choice
+    draft_runner: Optional[GraphRunner] = None  # the EAGLE draft runner's
     _padded: Dict[tuple, Padded] = field(default_factory=dict, repr=False, compare=False)
 
     # --- server args -------------------------------------------------------------------------
@@ -258,8 +260,10 @@ def load_scheduler(companions: Companions, namespace: Dict[str, object]) -> Sche
                     else "no spec_scale_global_num_tokens() in the release: "
                          "SpecInput.get_spec_adjusted_global_num_tokens, requests x tokens per request")
     forward, runner_file = companions.source(PADDING), companions.source(BUCKET_CHOICE)
+    draft_file = companions.source(DRAFT_BUCKET_CHOICE)
     padding = None if forward is None else Padding(forward, standin)
     runner = None if runner_file is None else GraphRunner(runner_file, standin)
+    draft = None if draft_file is None else GraphRunner(draft_file, standin, DRAFT_METHODS)
     return Scheduler(topology, update, skip, scale, {
         "topology": topo_source,
         "gather": _source(dp_attn, "_update_gather_batch", update, standin),
@@ -267,4 +271,5 @@ def load_scheduler(companions: Companions, namespace: Dict[str, object]) -> Sche
         "spec_scale": scale_source,
         "padding": padding.source if padding else "no prepare_mlp_sync_batch() in the tree",
         "bucket": runner.source if runner else "no decode CUDA-graph runner in the tree",
-    }, padding, runner)
+        "draft_bucket": draft.source if draft else "no EAGLE draft CUDA-graph runner in the tree",
+    }, padding, runner, draft)

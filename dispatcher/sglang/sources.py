@@ -15,8 +15,9 @@ from ..companions import Needed, parse
 
 __all__ = ["RELEASES", "RELEASE_FILE", "COMMON", "OVERRIDES", "DP_ATTN", "SPEC_INFO", "MOE_HOOK",
            "SERVER_ARGS", "VERSION_FILES", "COMPANIONS", "NEEDED", "TOPOLOGY_ASSERT",
-           "FORWARD_BATCH", "DP_ATTENTION", "DECODE_RUNNERS", "RUNNER_BASE", "PADDING_METHOD",
-           "BUCKET_METHODS", "PADDING", "BUCKET_CHOICE", "flashinfer_assert"]
+           "FORWARD_BATCH", "DP_ATTENTION", "DECODE_RUNNERS", "RUNNER_BASE", "RUNNER_PACKAGE", "PADDING_METHOD",
+           "BUCKET_METHODS", "PADDING", "BUCKET_CHOICE", "DRAFT_RUNNER", "DRAFT_METHODS",
+           "DRAFT_BUCKET_CHOICE", "flashinfer_assert"]
 
 # Every release on the package index whose dispatcher file differs from the one before
 # (0.5.11 = 0.5.10, 0.5.21 = 0.5.20, byte for byte).
@@ -37,10 +38,15 @@ DP_ATTENTION = "sglang/srt/layers/dp_attention.py"  # DpPaddingMode, set_dp_buff
 DECODE_RUNNERS = ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",  # 0.5.14+
                   "sglang/srt/model_executor/cuda_graph_runner.py")  # 0.5.10-0.5.13
 RUNNER_BASE = "sglang/srt/model_executor/runner/base_cuda_graph_runner.py"  # _pad_to_bucket
+RUNNER_PACKAGE = "sglang/srt/model_executor/runner/__init__.py"  # re-exports the runner classes
 PADDING_METHOD = ("ForwardBatch", "prepare_mlp_sync_batch")
 BUCKET_METHODS = (("DecodeCudaGraphRunner", "load_batch"), ("CudaGraphRunner", "replay_prepare"))
+DRAFT_RUNNER = "sglang/srt/speculative/eagle_draft_cuda_graph_runner.py"  # a draft's buckets
+DRAFT_METHODS = (("EAGLEDraftCudaGraphRunner", "execute"),  # 0.5.14+
+                 ("EAGLEDraftCudaGraphRunner", "replay"))  # 0.5.10-0.5.13
 COMPANIONS = ((COMMON, OVERRIDES) + DP_ATTN + (SPEC_INFO, MOE_HOOK, SERVER_ARGS, FORWARD_BATCH,
-                                               DP_ATTENTION) + DECODE_RUNNERS + (RUNNER_BASE,))
+                                               DP_ATTENTION) + DECODE_RUNNERS
+              + (RUNNER_BASE, RUNNER_PACKAGE, DRAFT_RUNNER))
 
 _TOPOLOGY_NAMES = {"dp_size", "tp_size", "attn_dp_size", "enable_dp_attention", "attn_dp_enabled_of"}
 
@@ -75,6 +81,7 @@ def _flashinfer_assert(tree: ast.Module) -> Optional[Tuple[ast.expr, int]]:
 TOPOLOGY_ASSERT = "the assert under moe_a2a_backend == \"flashinfer\""
 PADDING = "ForwardBatch.prepare_mlp_sync_batch"
 BUCKET_CHOICE = "the decode CUDA-graph runner's replay (load_batch / replay_prepare)"
+DRAFT_BUCKET_CHOICE = "the EAGLE draft CUDA-graph runner's replay (execute / replay)"
 
 
 def _has_method(path: Path, cls: str, name: str) -> bool:
@@ -104,4 +111,7 @@ NEEDED = (
     Needed(BUCKET_CHOICE, DECODE_RUNNERS, "0.5.10",
            decides="the CUDA-graph bucket each rank replays",
            finder=lambda p: any(_has_method(p, c, m) for c, m in BUCKET_METHODS)),
+    Needed(DRAFT_BUCKET_CHOICE, (DRAFT_RUNNER,), "0.5.10",
+           decides="the CUDA-graph bucket each rank replays in a speculative draft forward",
+           finder=lambda p: any(_has_method(p, c, m) for c, m in DRAFT_METHODS)),
 )

@@ -23,6 +23,8 @@ pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("sglang")]
 NEWEST = sources.RELEASES[-1]
 DECODE, EXTEND, REPLAY = SGLangContext(), SGLangContext(forward_mode="extend"), \
     SGLangContext(forward_mode="replay")
+DRAFT = SGLangContext(forward_mode="replay", speculative=True, draft_forward=True,
+                      tokens_per_req=3)  # its runner counts requests of 3 tokens each
 
 
 def _release(version):
@@ -45,6 +47,7 @@ def test_every_release_pads_and_picks_buckets_as_sglang_documents(version):
     assert sched.sources["padding"].startswith(f"{sources.FORWARD_BATCH}:")
     assert "prepare_mlp_sync_batch" in sched.sources["padding"]
     assert any(sched.sources["bucket"].startswith(f"{r}:") for r in sources.DECODE_RUNNERS)
+    assert sched.sources["draft_bucket"].startswith(f"{sources.DRAFT_RUNNER}:")
     for counts in ((3, 8), (1, 1, 1, 8), (0, 5), (4, 4)):
         world = World(ep_size=len(counts), dp_size=len(counts), group_tokens=counts,
                       max_num_tokens=64)
@@ -56,9 +59,11 @@ def test_every_release_pads_and_picks_buckets_as_sglang_documents(version):
         # the bucket: the cross-rank max when the MLP gather is required, else its own batch
         shared = min(b for b in CAPTURE_SIZES if b >= max(max(counts), 1))
         for g, n in enumerate(counts):
-            assert sched.runner.bucket(DECODE, CAPTURE_SIZES, True, n, list(counts)) == shared
             own = min(b for b in CAPTURE_SIZES if b >= max(n, 1))
-            assert sched.runner.bucket(DECODE, CAPTURE_SIZES, False, n, [n]) == own
+            for runner, ctx in ((sched.runner, DECODE), (sched.draft_runner, DRAFT)):
+                assert runner.bucket(ctx, CAPTURE_SIZES, True, n, list(counts)) == shared, \
+                    (version, runner.source)
+                assert runner.bucket(ctx, CAPTURE_SIZES, False, n, [n]) == own
 
 
 @pytest.fixture
@@ -96,6 +101,19 @@ def test_a_tree_whose_runner_picks_its_own_bucket_fails_naming_the_runner(tree):
     assert problem and "ranks pass different runtimes [4, 12]" in problem, problem
     assert "CUDA-graph bucket by sglang/srt/model_executor/runner/decode_cuda_graph_runner.py:" \
            in problem and "DecodeCudaGraphRunner.load_batch()" in problem
+
+
+def test_a_tree_whose_draft_runner_picks_its_own_bucket_fails_naming_the_draft_runner(tree):
+    """The same in the EAGLE draft runner: a draft forward's ranks replay different buckets."""
+    world = World(ep_size=2, dp_size=2, group_tokens=(9, 27), max_num_tokens=256)
+    assert check_step(load_policy(f"sglang:{tree}")[1], "cuda-graph-buckets", world,
+                      DRAFT) is None
+    _edit(tree, sources.DRAFT_RUNNER,
+          "bs = self._pad_to_bucket(int(max_batch_size), self.capture_bs)",
+          "bs = self._pad_to_bucket(raw_bs, self.capture_bs)")
+    problem = check_step(load_policy(f"sglang:{tree}")[1], "cuda-graph-buckets", world, DRAFT)
+    assert problem and "ranks pass different runtimes [12, 36]" in problem, problem
+    assert "a draft's by sglang/srt/speculative/eagle_draft_cuda_graph_runner.py:" in problem
 
 
 def test_a_tree_whose_padding_publishes_the_local_count_fails_naming_the_padding(tree):
