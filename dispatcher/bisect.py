@@ -112,9 +112,10 @@ class GateJudge:
 
     def gate(self, tree: Path, log: Path) -> Verdict:
         """The gate on the worktree as it is now."""
-        selection = (suite_args(args=self.pytest_args) if self.pytest_args
-                     else suite_args(ENGINES[self.engine].bisect_parts + PROPERTIES))
-        return self._judged(["pytest", *selection, "-x", "-q", "-p", "no:cacheprovider",
+        quiet = ["-x", "-q", "-p", "no:cacheprovider"]  # (suite_args leaves cache_dir out)
+        selection = (suite_args(args=[*self.pytest_args, *quiet]) if self.pytest_args
+                     else suite_args(ENGINES[self.engine].bisect_parts + PROPERTIES, quiet))
+        return self._judged(["pytest", *selection,
                              f"--policy={self.engine}:{tree}"], STEP_TIMEOUT_S, log,
                             {BAD: "the gate fails", GOOD: "the gate passes"},
                             f"the gate could not judge it (the file does not load, no tests, an "

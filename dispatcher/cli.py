@@ -24,7 +24,7 @@ def run_suite(args: List[str]) -> int:
 
     from .runner import suite_args
 
-    return int(pytest.main(suite_args() + list(args)))
+    return int(pytest.main(suite_args(args=list(args))))
 
 
 def _replay(args: List[str]) -> int:

@@ -49,6 +49,8 @@ def _producible(world, ctx):
     """The step as SGLang would run it under ``ctx`` (see the module docstring)."""
     if not ctx.cap_from_env:
         world = replace(world, max_num_tokens=ctx.expected_cap_when_derived)
+    if world.dp_global_kind == "empty":  # SGLang publishes None, never [], where nothing is
+        world = replace(world, dp_global_kind="none")  # gathered (dispatcher/sglang/loader.py)
     if ctx.forward_mode == "capture" or ctx.skip_all_gather:
         # capture runs one batch size everywhere; skipping the all-gather is only for
         # deployments that guarantee every DP rank the same batch (should_skip_...)

@@ -43,6 +43,11 @@ __all__ = ["Outcome", "SGLangRelease", "BoundStep", "SGLangAssertion", "load_rel
            "release_from_spec"]
 
 
+EMPTY_LIST = ("SGLang never publishes an empty dp_global: every list set_dp_buffer_len is "
+              "handed has one entry per DP group of the gather (prepare_mlp_sync_batch, a "
+              "capture's [num_tokens] * dp_size), and None where nothing was gathered")
+
+
 class SGLangAssertion(AssertionError):
     """SGLang's own dispatch() raised (an assert or error) where it had to size the A2A."""
 
@@ -163,6 +168,8 @@ class SGLangRelease(EnginePolicy):
         attn_dp_size == tp_size, the topology every release since 0.5.13 requires); rows,
         cap and ideal runtime are unchanged. ``NotApplicable`` if that is refused too. Either
         is then padded as the release's forward batch pads a decode step (``padded_world``)."""
+        if world.dp_global_kind == "empty":  # SGLang publishes no empty list (outcome())
+            world = replace(world, dp_global_kind="none")
         if self.refusal(world) is None:
             return self.padded_world(world)
         rows = world.rows_per_rank
@@ -294,6 +301,8 @@ class SGLangRelease(EnginePolicy):
         refused = self.refusal(world, ctx)
         if refused:
             raise NotApplicable(refused)
+        if world.dp_global_kind == "empty":
+            raise NotApplicable(EMPTY_LIST)
         if max(world.group_tokens) == 0 and not (ctx.skip_all_gather and world.dp_attention):
             raise NotApplicable("every DP group is idle: SGLang's scheduler runs no forward "
                                 "(no idle batch unless the all-gather is skipped)")

@@ -178,11 +178,12 @@ class Scheduler:
         DP attention: the release's gather (above), scaled to a speculative forward's tokens,
         then what the release's own forward-batch padding publishes (eager steps; a CUDA-graph
         capture publishes the counts it captures, unpadded). Without DP attention (SP): the one
-        pre-scatter count, nothing in CUDA-graph capture or where the world records nothing."""
+        pre-scatter count, nothing in CUDA-graph capture or where the world records nothing
+        (SGLang publishes no empty list: such a world is no SGLang step)."""
         if not world.dp_attention:
             if ctx.forward_mode == "capture" or world.dp_global is None:
                 return None
-            return [] if world.dp_global == () else list(world.padded_group_tokens)
+            return list(world.padded_group_tokens)  # (an empty list: no step, loader.outcome)
         if ctx.forward_mode == "capture":
             return self.scaled(world, ctx, rank, require_gather)
         padded = self.padded(world, ctx, rank, require_gather)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from .. import SOURCE, needs_torch
+from .. import needs_torch
 
 NEEDS_TORCH = needs_torch(reason="the engines' files need torch: pip install torch==2.13.0")
 
@@ -130,9 +130,12 @@ def test_the_gate_refuses_such_a_tree_before_any_test(tree):
     """The user's command: a usage error (exit 4) naming the missing function, not a green run."""
     _file(tree, sources.COMMON).unlink()
     env = {k: v for k, v in os.environ.items() if k != NEWEST_ENV}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--co", "-q",
-                           f"--policy=sglang:{tree}", "tests/cpu/test_validation.py"],
-                          cwd=SOURCE, capture_output=True, text=True, timeout=120, env=env)
+    from dispatcher.runner import suite_args  # the suite as a checkout or a2a-gate runs it
+
+    args = suite_args(args=["-p", "no:cacheprovider", "--co", "-q", f"--policy=sglang:{tree}",
+                            "cpu/test_validation.py"])
+    done = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tree, capture_output=True,
+                          text=True, timeout=120, env=env)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "require_mlp_tp_gather()" in done.stderr
 

@@ -19,6 +19,7 @@ from dispatcher.model.world import MoeConfig, World  # noqa: E402
 from dispatcher.sglang.classes import BUG_CLASSES, HAZARDS, check_step  # noqa: E402
 from dispatcher.sglang.loader import load_release  # noqa: E402
 from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
+from dispatcher.sizing import NotApplicable  # noqa: E402
 from strategies import sglang_steps, worlds  # noqa: E402
 from strategies.search import first_in, minimal, visited  # noqa: E402
 
@@ -51,8 +52,8 @@ EXPECTED_UNREACHABLE = {v: {"sp-prescatter"} for v in ("0.5.13", "0.5.14", "0.5.
 EXPECTED_HAZARDS = {v: {"stale-draft"} for v in EXPECTED_CLASSES}
 # release -> the properties its eager-decode runtime breaks (docs/sglang.md, second table)
 EXPECTED_PROPERTIES = {
-    "0.5.10": {"within-cap", "tight", "no crash"},
-    "0.5.12": {"within-cap", "tight", "no crash"},
+    "0.5.10": {"within-cap", "tight"},  # "no crash" only on an empty dp_global: no SGLang step
+    "0.5.12": {"within-cap", "tight"},
     "0.5.14": set(),
     "0.5.16": set(),
     "0.5.23": set(),
@@ -239,12 +240,14 @@ def test_unknown_import_fails_by_name(tmp_path):
         load_release(f)
 
 
-def test_newest_release_prefill_rejects_an_empty_dp_global(releases):
-    """0.5.23's prefill all-gather treats ``dp_global == []`` as a list of no sources (an
-    empty list must be handled like None) and raises, where decode handles it. Pinned as
-    measured, so a fix upstream shows up here."""
+def test_an_empty_dp_global_is_no_sglang_step(releases):
+    """No SGLang path publishes ``[]`` (every list has one entry per DP group of the gather;
+    None where nothing was gathered): a world recording one is refused as no step of the
+    release, and its nearest SGLang world records None. (0.5.23's prefill all-gather raised on
+    ``[]`` where decode handled it; with no producer that is no bug of the release.)"""
     world = World(ep_size=1, dp_size=1, group_tokens=(1,), max_num_tokens=1, dp_global_kind="empty")
-    extend = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="extend"))
-    decode = releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="decode"))
-    assert extend.error and "len(source_sizes)=0" in extend.error
-    assert decode.runtime == 1
+    with pytest.raises(NotApplicable, match="never publishes an empty dp_global"):
+        releases["0.5.23"].outcome(world, 0, SGLangContext(forward_mode="extend"))
+    assert releases["0.5.23"].engine_world(world).dp_global is None
+
+
