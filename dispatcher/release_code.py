@@ -186,6 +186,7 @@ class FileNamespace(dict):
         self.root, self.path, self.standins = Path(root), Path(path), standins
         self.cache = {} if cache is None else cache
         self.cache[self.path] = self
+        self._imported: Dict[tuple, object] = {}
         self[IMPORT_HOOK] = self._import
         self["__name__"] = self._module_name()
         self.imports = self._imports()
@@ -224,6 +225,12 @@ class FileNamespace(dict):
         return self.cache.get(path) or FileNamespace(self.root, path, self.standins, self.cache)
 
     def _import(self, module: str, name: str):
+        key = (module, name)  # an import inside a function runs on every call: answer it once
+        if key not in self._imported:
+            self._imported[key] = self._resolve_import(module, name)
+        return self._imported[key]
+
+    def _resolve_import(self, module: str, name: str):
         if not name:  # ``import M``: the standard library, or a stand-in module object
             if module in self.standins:
                 return self.standins[module]
@@ -260,10 +267,13 @@ class FileNamespace(dict):
 
     def __missing__(self, name):
         if name in self.standins:
-            return self.standins[name]
-        if hasattr(builtins, name):
-            return getattr(builtins, name)
-        return self._defined(name, name)
+            value = self.standins[name]
+        elif hasattr(builtins, name):
+            value = getattr(builtins, name)
+        else:
+            return self._defined(name, name)
+        self[name] = value  # answered once: the next lookup is a plain dict hit
+        return value
 
     def method(self, cls: str, name: str) -> Optional[Callable]:
         """Method ``name`` of class ``cls`` of this file, compiled alone as a plain function
