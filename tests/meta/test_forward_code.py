@@ -40,6 +40,8 @@ def _expected_padding(counts, tp, extend):
     return ([max(aligned)] * dp if max_len else aligned), max_len
 
 
+# on the worker that loads every release for the property table (loading is most of the cost)
+@pytest.mark.xdist_group("sglang-property-table")
 @pytest.mark.parametrize("version", sources.RELEASES)
 def test_every_release_pads_and_picks_buckets_as_sglang_documents(version):
     release = _release(version)
