@@ -52,10 +52,14 @@ class Generation:
         return self._size(ep_size, max_num_tokens, tuple(payloads), combine_bytes)
 
     def layout(self, ep_size: int, max_num_tokens: int, runtime: int,
-               payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> Layout:
+               payloads: Tuple[PayloadSpec, ...], combine_bytes: int,
+               sized_for: Optional[Tuple[PayloadSpec, ...]] = None) -> Layout:
         """Where one dispatch + combine with ``runtime`` rows puts things in a rank's workspace
-        (``ValueError`` where the C++ op refuses the call)."""
-        return self._layout(ep_size, max_num_tokens, runtime, tuple(payloads), combine_bytes)
+        (``ValueError`` where the C++ op refuses the call). ``sized_for``: the payloads the
+        workspace was allocated for, where they are not this call's (one workspace carrying
+        layers of different formats is sized for the largest row; 0.7.4's regions follow it)."""
+        return self._layout(ep_size, max_num_tokens, runtime, tuple(payloads), combine_bytes,
+                            tuple(sized_for or payloads))
 
     def aux_end(self, ep_size: int, max_num_tokens: int,
                 payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> int:
@@ -77,8 +81,8 @@ def _size_072(ep, cap, payloads, combine_bytes):
                                         combine_bytes)
 
 
-def _layout_072(ep, cap, runtime, payloads, combine_bytes):
-    return w072.layout(ep, cap, runtime, payloads, combine_bytes)
+def _layout_072(ep, cap, runtime, payloads, combine_bytes, sized_for):
+    return w072.layout(ep, cap, runtime, payloads, combine_bytes)  # offsets follow the call
 
 
 def _offsets_074(ep, cap, payloads, combine_bytes):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from .workspace import INT32, Layout, PayloadSpec, pad
 
@@ -125,8 +125,9 @@ def workspace_size_per_rank(ep_size: int, max_num_tokens: int, payloads: Tuple[P
 
 
 def layout(ep_size: int, max_num_tokens: int, runtime: int, payloads: Tuple[PayloadSpec, ...],
-           combine_bytes: int) -> Layout:
-    """``moeA2ADispatchOp``'s receive planes for ``runtime`` rows, and the fixed combine region.
+           combine_bytes: int, sized_for: Optional[Tuple[PayloadSpec, ...]] = None) -> Layout:
+    """``moeA2ADispatchOp``'s receive planes for ``runtime`` rows, and the fixed combine region
+    of a workspace allocated for ``sized_for`` (default: these payloads).
 
     Raises ``ValueError`` where the C++ op refuses the call: runtime <= 0 or over the cap, more
     than ``MAX_PAYLOADS`` payloads, planes past the dispatch region."""
@@ -138,7 +139,7 @@ def layout(ep_size: int, max_num_tokens: int, runtime: int, payloads: Tuple[Payl
                          f"capacity {max_num_tokens}")
     if not 0 < len(payloads) <= MAX_PAYLOADS:
         raise ValueError(f"between 1 and {MAX_PAYLOADS} payloads, got {len(payloads)}")
-    off = _offsets_for(ep_size, max_num_tokens, payloads, combine_bytes)
+    off = _offsets_for(ep_size, max_num_tokens, tuple(sized_for or payloads), combine_bytes)
     current = off.dispatch_payload
     recv = []
     for p in payloads:

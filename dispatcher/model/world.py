@@ -244,10 +244,11 @@ class World:
         return self.generation.workspace_size(self.ep_size, self.max_num_tokens,
                                               self.moe.payloads, self.moe.combine_bytes)
 
-    def layout(self, runtime: int) -> Layout:
-        """Where one dispatch + combine with ``runtime`` rows puts things in a workspace."""
+    def layout(self, runtime: int, sized_for=None) -> Layout:
+        """Where one dispatch + combine with ``runtime`` rows puts things in a workspace
+        (allocated for the payloads ``sized_for``, default this world's)."""
         return self.generation.layout(self.ep_size, self.max_num_tokens, runtime,
-                                      self.moe.payloads, self.moe.combine_bytes)
+                                      self.moe.payloads, self.moe.combine_bytes, sized_for)
 
     def rank_view(self, ep_rank: int) -> RankView:
         return RankView(ep_rank=ep_rank, ep_size=self.ep_size, dp_size=self.dp_size,

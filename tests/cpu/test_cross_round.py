@@ -2,14 +2,18 @@
 round's combine input the next round's dispatch can overwrite. Known values are the source
 reading's (docs/flashinfer.md); the property holds it to the byte condition on both
 generations: on 0.7.2 some row is at risk exactly when the next planes end past the previous
-combine offset, on 0.7.4 never (its dispatch region is sized once, for one row size, at
-construction, so both rounds use that workspace's layout)."""
+combine offset, on 0.7.4 never (both rounds on one workspace, allocated for the wider row)."""
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dispatcher.model.cross_round import grows_over, rows_at_risk
 from dispatcher.model.generations import GENERATIONS
-from dispatcher.model.workspace import PayloadFormat, combine_bytes_per_token, dispatch_payloads
+from dispatcher.model.workspace import (
+    PayloadFormat,
+    combine_bytes_per_token,
+    dispatch_payloads,
+)
 
 G072, G074 = GENERATIONS["0.7.2"], GENERATIONS["0.7.4"]
 W, H, K, CAP = 8, 7168, 8, 1024
@@ -18,8 +22,10 @@ NVFP4 = dispatch_payloads(PayloadFormat.NVFP4, H, K)
 
 
 def _rounds(gen, r0, p0, r1, p1, ep=W, hidden=H, cap=CAP):
+    """Two rounds on one workspace, allocated for the wider of the two rows."""
     cb = combine_bytes_per_token(hidden)
-    return gen.layout(ep, cap, r0, p0, cb), gen.layout(ep, cap, r1, p1, cb)
+    wide = max(p0, p1, key=lambda ps: sum(p.bytes_per_token for p in ps))
+    return gen.layout(ep, cap, r0, p0, cb, wide), gen.layout(ep, cap, r1, p1, cb, wide)
 
 
 @pytest.mark.parametrize("r0, p0, r1, p1, at_risk", [
@@ -32,8 +38,7 @@ def _rounds(gen, r0, p0, r1, p1, ep=W, hidden=H, cap=CAP):
 ], ids=["64-65", "64-128", "nvfp4-bf16", "bf16-nvfp4", "constant", "shrinking"])
 def test_the_rows_the_source_reading_found(r0, p0, r1, p1, at_risk):
     assert rows_at_risk(*_rounds(G072, r0, p0, r1, p1)) == at_risk
-    if p0 == p1:  # 0.7.4 sizes its dispatch region once, for one row size (refusing larger)
-        assert rows_at_risk(*_rounds(G074, r0, p0, r1, p1)) == (0,) * 8  # closed by layout
+    assert rows_at_risk(*_rounds(G074, r0, p0, r1, p1)) == (0,) * 8  # closed by layout
 
 
 def test_the_64_to_65_bytes():
@@ -64,8 +69,7 @@ def test_at_risk_exactly_when_the_next_planes_reach_the_combine_input(ep, hidden
     sent = tuple(data.draw(st.lists(st.integers(0, r0), min_size=ep, max_size=ep)))
     partial = rows_at_risk(prev, nxt, prev_rows=sent)
     assert all(p <= min(n, s) for p, n, s in zip(partial, risk, sent))
-    same = _rounds(G074, r0, p1, r1, p1, ep, hidden, cap)  # one workspace, one row size
-    assert rows_at_risk(*same) == (0,) * ep
+    assert rows_at_risk(*_rounds(G074, r0, p0, r1, p1, ep, hidden, cap)) == (0,) * ep
 
 
 def test_rounds_of_different_worlds_are_refused():
