@@ -45,7 +45,7 @@ from ..release_code import (
     compile_def,
     find_def,
 )
-from .sources import BUCKET_METHODS, FORWARD_BATCH, PADDING_METHOD
+from .sources import BUCKET_METHODS, FORWARD_BATCH, PADDING_METHOD, rel_path
 from .standins import _Backend, _Envs
 
 __all__ = ["Padded", "Padding", "GraphRunner", "ReleaseCodeError", "STANDINS"]
@@ -156,9 +156,6 @@ def _root(path: Path, rel: Optional[str] = None) -> Path:
     return path.parents[len(Path(rel).parts) - 1]
 
 
-def _rel(path: Path) -> str:
-    p = Path(path).as_posix()
-    return p[p.index("sglang/srt/"):] if "sglang/srt/" in p else p
 
 
 class _Mode:
@@ -182,7 +179,7 @@ class Padding:
         self.fn = ns.method(*PADDING_METHOD)
         if self.fn is None:
             raise ReleaseCodeError(f"{path}: no ForwardBatch.prepare_mlp_sync_batch")
-        self.source = (f"{_rel(path)}:{self.fn.__code__.co_firstlineno} "
+        self.source = (f"{rel_path(path)}:{self.fn.__code__.co_firstlineno} "
                        f"ForwardBatch.prepare_mlp_sync_batch(){tag}")
 
     def run(self, world: World, ctx: SGLangContext, dp_rank: int, listed: Sequence[int],
@@ -321,10 +318,10 @@ class GraphRunner:
         self.cls = cls
         sliced = _bucket_slice(node)
         if sliced is None:
-            raise ReleaseCodeError(f"{_rel(path)}:{node.lineno} {cls}.{name}() has no "
+            raise ReleaseCodeError(f"{rel_path(path)}:{node.lineno} {cls}.{name}() has no "
                                    f"`if self.require_mlp_tp_gather:` block choosing bs")
         self.fn = compile_def(sliced, path, self.ns, "_a2a_gate_bucket")
-        self.source = (f"{_rel(path)}:{sliced.body[0].lineno} {cls}.{name}() "
+        self.source = (f"{rel_path(path)}:{sliced.body[0].lineno} {cls}.{name}() "
                        f"(its bucket choice){tag}")
         self._methods = {}
 

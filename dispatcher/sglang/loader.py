@@ -120,6 +120,7 @@ class SGLangRelease(EnginePolicy):
     _input_cache: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
     _refusals: Dict[ServerConfig, Optional[str]] = field(default_factory=dict, repr=False)
     _padded_worlds: Dict[tuple, object] = field(default_factory=dict, repr=False)
+    _replayed: Dict[tuple, object] = field(default_factory=dict, repr=False)
     MAX_INSTANCES = 2048  # constructed dispatchers kept (LRU): one per rank and shape
 
     @property
@@ -248,7 +249,8 @@ class SGLangRelease(EnginePolicy):
     def _pad(self, world: World, ctx: SGLangContext) -> World:
         sched, tp = self.hooks.scheduler, world.attn_tp_size
         require = self.require_gather(world, ctx)
-        padded = [sched.padded(world, ctx, g * tp, require) for g in range(world.dp_size)]
+        with self.as_rank(world, 0, ctx):  # the release's env reads see this step's context
+            padded = [sched.padded(world, ctx, g * tp, require) for g in range(world.dp_size)]
         if any(p is None for p in padded):
             return world
         rows = tuple(p.num_tokens for p in padded)
@@ -272,11 +274,20 @@ class SGLangRelease(EnginePolicy):
         ``tokens_per_req`` tokens each. ``None`` when the step runs eagerly: a batch larger
         than every bucket (the runner's ``can_run``), or no gathered counts (the all-gather
         skipped: the scheduler never marks the batch ``can_run_dp_cuda_graph``)."""
+        key = (world, ctx, active().version)
+        if key not in self._replayed:  # every rank's outcome and the checks ask for it
+            if len(self._replayed) > 4096:
+                self._replayed.clear()
+            self._replayed[key] = self._replay(world, ctx)
+        return self._replayed[key]
+
+    def _replay(self, world: World, ctx: SGLangContext) -> Optional[World]:
         sched, tp, k = self.hooks.scheduler, world.attn_tp_size, ctx.tokens_per_req
         require = self.require_gather(world, ctx) if world.dp_attention else False
         requests = [n // k for n in world.group_tokens]
-        gathered = [sched.gathered(world, ctx, g * tp, require) if world.dp_attention else None
-                    for g in range(world.dp_size)]
+        with self.as_rank(world, 0, ctx):  # the release's env reads see this step's context
+            gathered = [sched.gathered(world, ctx, g * tp, require) if world.dp_attention
+                        else None for g in range(world.dp_size)]
         if world.dp_attention and any(x is None for x in gathered):
             return None
         need = [max(gathered[g]) if require and world.dp_attention else requests[g]

@@ -40,12 +40,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
+from ..companions import Companions, companion_function
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
-from ..companions import Companions, companion_function
 from .forward import GraphRunner, Padded, Padding
-from .sources import (BUCKET_CHOICE, DRAFT_BUCKET_CHOICE, DRAFT_METHODS, PADDING, TOPOLOGY_ASSERT,
-                      flashinfer_assert)
+from .sources import (
+    BUCKET_CHOICE,
+    DRAFT_BUCKET_CHOICE,
+    DRAFT_METHODS,
+    PADDING,
+    TOPOLOGY_ASSERT,
+    flashinfer_assert,
+    rel_path,
+)
 
 __all__ = ["ServerConfig", "Scheduler", "load_scheduler", "MUSE_SPARK"]
 
@@ -107,7 +114,7 @@ class Scheduler:
     padding: Optional[Padding] = None  # the forward batch's DP padding
     runner: Optional[GraphRunner] = None  # the decode CUDA-graph runner's bucket choice
     draft_runner: Optional[GraphRunner] = None  # the EAGLE draft runner's
-    _padded: Dict[tuple, Padded] = field(default_factory=dict, repr=False, compare=False)
+    _padded: Dict[tuple, Optional[Padded]] = field(default_factory=dict, repr=False, compare=False)
 
     # --- server args -------------------------------------------------------------------------
     def refusal(self, config: ServerConfig) -> Optional[str]:
@@ -159,15 +166,15 @@ class Scheduler:
         """What the release's ``prepare_mlp_sync_batch`` publishes on EP rank ``rank`` of an
         eager DP-attention step, and the rows its DP group holds; None where the scheduler
         gathered nothing (the all-gather skipped: the batch is not padded)."""
-        listed = self.scaled(world, ctx, rank, require_gather)
-        if listed is None or self.padding is None:
+        if self.padding is None:
             return None
-        group = rank // world.attn_tp_size
-        key = (world, ctx, group, tuple(listed))
+        group = rank // world.attn_tp_size  # every rank of a group gathers the same list
+        key = (world, ctx, group, require_gather)
         if key not in self._padded:
             if len(self._padded) > 4096:
                 self._padded.clear()
-            self._padded[key] = self.padding.run(
+            listed = self.scaled(world, ctx, rank, require_gather)
+            self._padded[key] = None if listed is None else self.padding.run(
                 world, ctx, group, listed, world.group_tokens[group] // ctx.tokens_per_req,
                 ctx.forward_mode in ("extend", "mixed"))
         return self._padded[key]
@@ -203,12 +210,9 @@ class Scheduler:
 def _source(path: Optional[Path], name: str, fn, standin: str = "") -> str:
     if fn is None or path is None:
         return f"no {name}() in the tree: the release has none"
-    return f"{_rel(path)}:{fn.__code__.co_firstlineno} {name}(){standin}"
+    return f"{rel_path(path)}:{fn.__code__.co_firstlineno} {name}(){standin}"
 
 
-def _rel(path: Path) -> str:
-    p = Path(path).as_posix()
-    return p[p.index("sglang/srt/"):] if "sglang/srt/" in p else p
 
 
 def _topology(companions: Companions, namespace: Dict[str, object], standin: str
@@ -231,7 +235,7 @@ def _topology(companions: Companions, namespace: Dict[str, object], standin: str
                      resolved_view=lambda a: a,
                      attn_dp_enabled_of=lambda a: a.enable_dp_attention)
         return bool(eval(code, scope))  # the release's own expression, its names answered
-    return check, f"{_rel(path)}:{line} assert under moe_a2a_backend == \"flashinfer\"{standin}"
+    return check, f"{rel_path(path)}:{line} assert under moe_a2a_backend == \"flashinfer\"{standin}"
 
 
 def _topology_kwargs(c: ServerConfig) -> dict:

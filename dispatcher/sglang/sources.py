@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from ..companions import Needed, parse
+from ..release_code import find_def
 
 __all__ = ["RELEASES", "RELEASE_FILE", "COMMON", "OVERRIDES", "DP_ATTN", "SPEC_INFO", "MOE_HOOK",
            "SERVER_ARGS", "VERSION_FILES", "COMPANIONS", "NEEDED", "TOPOLOGY_ASSERT",
            "FORWARD_BATCH", "DP_ATTENTION", "DECODE_RUNNERS", "RUNNER_BASE", "RUNNER_PACKAGE", "PADDING_METHOD",
-           "BUCKET_METHODS", "PADDING", "BUCKET_CHOICE", "DRAFT_RUNNER", "DRAFT_METHODS",
+           "BUCKET_METHODS", "PADDING", "rel_path", "BUCKET_CHOICE", "DRAFT_RUNNER", "DRAFT_METHODS",
            "DRAFT_BUCKET_CHOICE", "flashinfer_assert"]
 
 # Every release on the package index whose dispatcher file differs from the one before
@@ -85,10 +86,15 @@ DRAFT_BUCKET_CHOICE = "the EAGLE draft CUDA-graph runner's replay (execute / rep
 
 
 def _has_method(path: Path, cls: str, name: str) -> bool:
-    owner = next((n for n in parse(path).body if isinstance(n, ast.ClassDef) and n.name == cls),
-                 None)
-    return owner is not None and any(isinstance(n, ast.FunctionDef) and n.name == name
-                                     for n in owner.body)
+    return isinstance(find_def(path, name, cls), ast.FunctionDef)
+
+
+def rel_path(path: Path) -> str:
+    """``path`` from its ``sglang/srt/`` on, as messages name SGLang's files."""
+    p = Path(path).as_posix()
+    return p[p.index("sglang/srt/"):] if "sglang/srt/" in p else p
+
+
 NEEDED = (
     Needed("require_mlp_tp_gather", (COMMON,), "0.5.10",
            decides="whether the scheduler gathers every DP group's count"),

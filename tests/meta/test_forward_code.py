@@ -90,44 +90,44 @@ UNEVEN = World(ep_size=2, dp_size=2, group_tokens=(3, 9), max_num_tokens=64)
 SUM_LEN = World(ep_size=4, dp_size=4, group_tokens=(1, 1, 1, 8), max_num_tokens=64)
 
 
-def test_a_tree_whose_runner_picks_its_own_bucket_fails_naming_the_runner(tree):
-    """The #30242 shape: the decode runner pads to the rank's own batch although the MLP
-    gather is required, so ranks replay different buckets."""
-    assert check_step(load_policy(f"sglang:{tree}")[1], "cuda-graph-buckets", UNEVEN,
-                      REPLAY) is None
-    _edit(tree, sources.DECODE_RUNNERS[0],
-          "                max_batch_size = self._max_dp_batch_size(forward_batch)\n"
-          "                bs = self._pad_to_bucket(max_batch_size, self.capture_bs)",
-          "                bs = self._pad_to_bucket(raw_bs, self.capture_bs)")
-    problem = check_step(load_policy(f"sglang:{tree}")[1], "cuda-graph-buckets", UNEVEN, REPLAY)
-    assert problem and "ranks pass different runtimes [4, 12]" in problem, problem
-    assert "CUDA-graph bucket by sglang/srt/model_executor/runner/decode_cuda_graph_runner.py:" \
-           in problem and "DecodeCudaGraphRunner.load_batch()" in problem
+EDITS = {  # an edit of one step: (file, old, new), the step and class it shows in, the words
+    # the #30242 shape: the decode runner pads to the rank's own batch although the MLP gather
+    # is required, so ranks replay different buckets
+    "runner-own-bucket": (
+        (sources.DECODE_RUNNERS[0],
+         "                max_batch_size = self._max_dp_batch_size(forward_batch)\n"
+         "                bs = self._pad_to_bucket(max_batch_size, self.capture_bs)",
+         "                bs = self._pad_to_bucket(raw_bs, self.capture_bs)"),
+        UNEVEN, REPLAY, "cuda-graph-buckets",
+        ("ranks pass different runtimes [4, 12]", "CUDA-graph bucket by "
+         "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py:",
+         "DecodeCudaGraphRunner.load_batch()")),
+    "draft-runner-own-bucket": (  # the same in the EAGLE draft runner
+        (sources.DRAFT_RUNNER, "bs = self._pad_to_bucket(int(max_batch_size), self.capture_bs)",
+         "bs = self._pad_to_bucket(raw_bs, self.capture_bs)"),
+        World(ep_size=2, dp_size=2, group_tokens=(9, 27), max_num_tokens=256), DRAFT,
+        "cuda-graph-buckets",
+        ("ranks pass different runtimes [12, 36]",
+         "a draft's by sglang/srt/speculative/eagle_draft_cuda_graph_runner.py:")),
+    "padding-publishes-local-count": (
+        (sources.FORWARD_BATCH, "        self.global_num_tokens_padded_cpu = global_num_tokens\n",
+         "        self.global_num_tokens_padded_cpu = [num_tokens] * sync_group_size\n"),
+        SUM_LEN, DECODE, "collapsed-dp-global",
+        ("ranks pass different runtimes [1, 1, 1, 8]",
+         "padded by sglang/srt/model_executor/forward_batch_info.py:",
+         "ForwardBatch.prepare_mlp_sync_batch()")),
+}
 
 
-def test_a_tree_whose_draft_runner_picks_its_own_bucket_fails_naming_the_draft_runner(tree):
-    """The same in the EAGLE draft runner: a draft forward's ranks replay different buckets."""
-    world = World(ep_size=2, dp_size=2, group_tokens=(9, 27), max_num_tokens=256)
-    assert check_step(load_policy(f"sglang:{tree}")[1], "cuda-graph-buckets", world,
-                      DRAFT) is None
-    _edit(tree, sources.DRAFT_RUNNER,
-          "bs = self._pad_to_bucket(int(max_batch_size), self.capture_bs)",
-          "bs = self._pad_to_bucket(raw_bs, self.capture_bs)")
-    problem = check_step(load_policy(f"sglang:{tree}")[1], "cuda-graph-buckets", world, DRAFT)
-    assert problem and "ranks pass different runtimes [12, 36]" in problem, problem
-    assert "a draft's by sglang/srt/speculative/eagle_draft_cuda_graph_runner.py:" in problem
-
-
-def test_a_tree_whose_padding_publishes_the_local_count_fails_naming_the_padding(tree):
-    assert check_step(load_policy(f"sglang:{tree}")[1], "collapsed-dp-global", SUM_LEN,
-                      DECODE) is None
-    _edit(tree, sources.FORWARD_BATCH,
-          "        self.global_num_tokens_padded_cpu = global_num_tokens\n",
-          "        self.global_num_tokens_padded_cpu = [num_tokens] * sync_group_size\n")
-    problem = check_step(load_policy(f"sglang:{tree}")[1], "collapsed-dp-global", SUM_LEN, DECODE)
-    assert problem and "ranks pass different runtimes [1, 1, 1, 8]" in problem, problem
-    assert "padded by sglang/srt/model_executor/forward_batch_info.py:" in problem
-    assert "ForwardBatch.prepare_mlp_sync_batch()" in problem
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_an_edit_of_the_padding_or_a_runner_fails_naming_the_function(tree, edit):
+    """The unmodified tree passes the step; the edited one fails it, and the counterexample
+    names the SGLang function that produced the value."""
+    (rel, old, new), world, ctx, key, words = EDITS[edit]
+    assert check_step(load_policy(f"sglang:{tree}")[1], key, world, ctx) is None
+    _edit(tree, rel, old, new)
+    problem = check_step(load_policy(f"sglang:{tree}")[1], key, world, ctx)
+    assert problem and all(w in problem for w in words), problem
 
 
 def test_a_padding_that_reads_what_the_gate_does_not_model_stops_by_name(tree):
