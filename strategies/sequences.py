@@ -16,31 +16,60 @@ from hypothesis import strategies as st
 from dispatcher.model.workspace import HIDDEN_MULTIPLE, PayloadFormat
 from dispatcher.model.world import DP_GLOBAL_KINDS
 
-from .worlds import group_token_counts, moe_configs, worlds
+from .worlds import GPU_SHAPES, group_token_counts, moe_configs, worlds
 
-__all__ = ["step_sequences", "MAX_STEPS"]
+__all__ = ["step_sequences", "gpu_sequences", "MAX_STEPS"]
 
 MAX_STEPS = 6
 
 
-def _moe(ep_size):
-    return moe_configs(ep_size, hidden_sizes=(128, 1024, 7168), max_experts_per_rank=2)
+@st.composite
+def step_sequences(draw, max_ep: int = 8, max_steps: int = MAX_STEPS, max_tokens: int = 1024,
+                   hidden_sizes=(128, 1024, 7168), formats_change: bool = True, ep_sizes=None,
+                   within_cap: bool = False, growing: bool = False, top_ks=None):
+    """A tuple of 2..``max_steps`` worlds sharing ``ep_size``, ``dp_size``, ``max_num_tokens``
+    and the MoE layer's shape (hidden size, top_k, experts); the first is any world.
+    ``formats_change=False``: every step dispatches the first step's format (what a model of
+    one format runs: only the sizing changes the layout). ``within_cap``: every step's rows fit
+    the cap (the steps a server runs without crashing: the hazard search's). ``growing``: each
+    later step adds its drawn counts to the first step's (a search for layouts that grow)."""
+    first = draw(worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens, moe=lambda ep: moe_configs(
+        ep, hidden_sizes=hidden_sizes, top_ks=top_ks, max_experts_per_rank=2)))
+    moe = first.moe
+    formats = tuple(f.value for f in PayloadFormat if moe.hidden_size % HIDDEN_MULTIPLE[f] == 0)
+    if not formats_change:
+        formats = (moe.payload,)
+
+    # a list, so that shrinking can drop any step, not only the last
+    if within_cap:  # rows per rank are ceil(tokens / attn_tp)
+        max_tokens = min(max_tokens, first.max_num_tokens * first.attn_tp_size)
+        first = first if first.payload_fits_cap else replace(
+            first, group_tokens=tuple(min(n, max_tokens) for n in first.group_tokens))
+    return (first, *draw(st.lists(_next_step(first, formats, max_tokens, growing), min_size=1,
+                                  max_size=max_steps - 1)))
 
 
 @st.composite
-def step_sequences(draw, max_ep: int = 8, max_steps: int = MAX_STEPS):
-    """A tuple of 2..``max_steps`` worlds sharing ``ep_size``, ``dp_size``, ``max_num_tokens``
-    and the MoE layer's shape (hidden size, top_k, experts); the first is any world."""
-    first = draw(worlds(max_ep=max_ep, max_tokens=1024, moe=_moe))
-    tp, moe = first.attn_tp_size, first.moe
-    formats = tuple(f.value for f in PayloadFormat if moe.hidden_size % HIDDEN_MULTIPLE[f] == 0)
-    steps = [first]
-    for _ in range(draw(st.integers(1, max_steps - 1))):
-        tokens = draw(group_token_counts(first.dp_size, tp, 1024))
-        equal = len(set(tokens)) == 1
-        steps.append(replace(
-            first, group_tokens=tokens,
-            dp_global_kind=draw(st.sampled_from(DP_GLOBAL_KINDS)) if equal else "recorded",
-            max_len_padding=first.dp_size > 1 and draw(st.booleans()),
-            moe=replace(moe, payload=draw(st.sampled_from(formats)))))
-    return tuple(steps)
+def _next_step(draw, first, formats, max_tokens, growing=False):
+    """A later step of ``first``'s workspace: fresh counts, padding, what is recorded, and a
+    format of ``formats``."""
+    tokens = tuple(min(n, max_tokens) for n in draw(
+        group_token_counts(first.dp_size, first.attn_tp_size, max_tokens)))
+    if growing:
+        tokens = tuple(min(n + m, max_tokens) for n, m in zip(tokens, first.group_tokens))
+    equal = len(set(tokens)) == 1
+    return replace(
+        first, group_tokens=tokens,
+        dp_global_kind=draw(st.sampled_from(DP_GLOBAL_KINDS)) if equal else "recorded",
+        max_len_padding=first.dp_size > 1 and draw(st.booleans()),
+        moe=replace(first.moe, payload=draw(st.sampled_from(formats))))
+
+
+def gpu_sequences(max_ep: int = 8, max_steps: int = 4):
+    """Sequences for the real kernels on one GPU: one dispatch format (one workspace), every
+    step within the cap, and every rank's dispatch blocks co-resident (rows * ep_size within
+    ``GPU_SHAPES.single_gpu_blocks``)."""
+    return step_sequences(max_ep=max_ep, max_steps=max_steps,
+                          max_tokens=max(1, GPU_SHAPES.single_gpu_blocks // max_ep),
+                          hidden_sizes=GPU_SHAPES.hidden_sizes, top_ks=GPU_SHAPES.top_ks,
+                          formats_change=False, within_cap=True)

@@ -211,13 +211,24 @@ def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
 
 def a2a_worlds(max_ep: int = 8, max_tokens: int = 48, ep_sizes: Optional[Sequence[int]] = None,
                hidden_sizes: Sequence[int] = (32, 64, 128), top_ks: Sequence[int] = (1, 2, 4, 6, 8),
-               cap_values: Optional[Sequence[int]] = None):
+               cap_values: Optional[Sequence[int]] = None, emulated: bool = True):
     """Worlds small enough to run through the emulated (or real) A2A every example: the
-    payload always fits the cap, every MoE shape and payload format occurs."""
-    return worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens, fitting_only=True,
-                  moe=lambda ep: moe_configs(ep, hidden_sizes=hidden_sizes, top_ks=top_ks,
-                                             max_experts_per_rank=4),
-                  cap_values=cap_values)
+    payload always fits the cap, every MoE shape and payload format occurs. ``emulated``:
+    only worlds the exact CPU model materialises within its limit on every generation (a
+    large cap on 0.7.4 puts the combine region far out)."""
+    drawn = worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens, fitting_only=True,
+                   moe=lambda ep: moe_configs(ep, hidden_sizes=hidden_sizes, top_ks=top_ks,
+                                              max_experts_per_rank=4),
+                   cap_values=cap_values)
+    return drawn.filter(_emulable) if emulated else drawn
+
+
+def _emulable(world) -> bool:
+    from dispatcher.emulator.a2a import MAX_EMULATED_BYTES, emulated_bytes
+    from dispatcher.model.generations import GENERATIONS
+
+    return all(emulated_bytes(world, generation=g) <= MAX_EMULATED_BYTES
+               for g in GENERATIONS.values())
 
 
 def gpu_worlds(max_ep: int = 8, ep_sizes: Optional[Sequence[int]] = None,
@@ -231,7 +242,7 @@ def gpu_worlds(max_ep: int = 8, ep_sizes: Optional[Sequence[int]] = None,
         max_tokens = min(max_tokens, max(cap_values))
     return a2a_worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens,
                       hidden_sizes=GPU_SHAPES.hidden_sizes, top_ks=GPU_SHAPES.top_ks,
-                      cap_values=cap_values)
+                      cap_values=cap_values, emulated=False)
 
 
 def pool_worlds(ep_size: int):

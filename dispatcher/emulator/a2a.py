@@ -30,8 +30,9 @@ from ..model.world import World
 from .inputs import (RankInputs, decode_hidden, from_bf16_bits, make_inputs,
                      reference_outputs, stand_in_moe, to_bf16_bits)
 
-__all__ = ["SlotEvent", "IllegalAddress", "RankRefused", "A2AModel", "RoundTrip", "round_trip",
-           "expected_recv_counts", "POISON", "MAX_EMULATED_BYTES"]
+__all__ = ["SlotEvent", "IllegalAddress", "RankRefused", "A2AModel", "Round", "RoundTrip",
+           "round_trip", "BackToBack", "back_to_back",
+           "expected_recv_counts", "emulated_bytes", "POISON", "MAX_EMULATED_BYTES"]
 
 POISON = 0xA5  # unused slots hold this, so stale rows are visible
 MAX_EMULATED_BYTES = 1 << 28  # all ranks' touched workspace bytes the model materialises
@@ -96,9 +97,23 @@ def _where(lay: Layout, offset: int, aux_end: int) -> str:
     return "the unused tail of the workspace"
 
 
+@dataclass(frozen=True)
+class Round:
+    """One A2A round: every rank's runtime, the payloads it moves, each rank's layout of the
+    workspace for it, its inputs and each source's (token, target, send index) rows."""
+
+    runtimes: Tuple[int, ...]
+    payloads: Tuple[PayloadSpec, ...]
+    layouts: Tuple[Layout, ...]
+    inputs: Tuple[RankInputs, ...]
+    sends: Tuple[Tuple[np.ndarray, np.ndarray, np.ndarray], ...]
+
+
 class A2AModel:
-    """W ranks' workspaces (``[W, size_per_rank]`` bytes, sized for the cap) and the two
-    collective calls, each taking every rank's arguments at once."""
+    """W ranks' workspaces (``[W, size_per_rank]`` bytes, sized for the cap and the payloads
+    given, the widest a round may move) and the two collective calls, each taking every rank's
+    arguments at once; or their steps (``begin_dispatch``, ``push``, ``finish_dispatch``,
+    ``stage``, ``read``) to run rounds back to back in an order the protocol allows."""
 
     def __init__(self, ep_size: int, max_num_tokens: int, payloads: Sequence[PayloadSpec],
                  combine_bytes: int, generation: Optional[Generation] = None):
@@ -120,8 +135,9 @@ class A2AModel:
         if gen.counter_banks == 2:
             self.workspace[:, self.recv_counters:self.recv_counters + 2 * ep_size * INT32] = 0xFF
         self.events: List[SlotEvent] = []  # every row moved to or from a place not its slot
-        self._sends: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._layouts: List[Layout] = []
+        self.round: Optional[Round] = None  # the latest round a dispatch began
+        self.written: Optional[np.ndarray] = None  # see watch_writes
+        self.overwritten: List[int] = []
 
     def _ensure(self, end: int) -> None:
         """Materialise every rank's workspace up to byte ``end`` (poisoned, never written)."""
@@ -131,10 +147,14 @@ class A2AModel:
             grown = np.full((self.ep_size, end), POISON, dtype=np.uint8)
             grown[:, :have] = self.workspace
             self.workspace = grown
+            if self.written is not None:
+                wider = np.full((self.ep_size, end), -1, dtype=np.int16)
+                wider[:, :have] = self.written
+                self.written = wider
 
-    def _layout(self, runtime: int) -> Layout:
-        lay = self.generation.layout(self.ep_size, self.max_num_tokens, runtime, self.payloads,
-                                     self.combine_bytes)
+    def _layout(self, runtime: int, payloads: Tuple[PayloadSpec, ...]) -> Layout:
+        lay = self.generation.layout(self.ep_size, self.max_num_tokens, runtime, payloads,
+                                     self.combine_bytes, self.payloads)
         if lay.dispatch_end > self.size_per_rank:  # the C++ op's TVM_FFI_ICHECK
             raise ValueError(f"workspace size per rank insufficient, need {lay.dispatch_end} "
                              f"bytes but has {self.size_per_rank}")
@@ -151,34 +171,58 @@ class A2AModel:
         idx = (np.cumsum(onehot, axis=0)[np.arange(len(tgt)), tgt] - 1) if len(tgt) else tgt
         return tok, tgt, idx.astype(np.int64)
 
-    def dispatch(self, runtimes: Sequence[int], inputs: Sequence[RankInputs]):
+    def dispatch(self, runtimes: Sequence[int], inputs: Sequence[RankInputs],
+                 payloads: Optional[Sequence[PayloadSpec]] = None):
         """All ranks' ``moe_a2a_dispatch``; returns each rank's receive planes
-        (``[W, R_rank, bytes]`` views per payload) and the recv-count matrix [target, source]."""
+        (``[W, R_rank, bytes]`` views per payload) and the recv-count matrix [target, source].
+        ``payloads``: this round's rows, where they are not the ones the workspace was sized
+        for (a layer of another format on the same workspace)."""
+        self.begin_dispatch(runtimes, inputs, payloads)
+        for s in range(self.ep_size):
+            self.push(s)
+        return self.finish_dispatch()
+
+    def begin_dispatch(self, runtimes: Sequence[int], inputs: Sequence[RankInputs],
+                       payloads: Optional[Sequence[PayloadSpec]] = None) -> Round:
+        """A new round: every rank's call is checked and its layout fixed; no row moves yet
+        (``push`` moves one rank's, ``finish_dispatch`` publishes the counters)."""
         W = self.ep_size
-        self._layouts = [self._layout(r) for r in runtimes]
+        payloads = tuple(payloads or self.payloads)
+        layouts = tuple(self._layout(r, payloads) for r in runtimes)
         if self.generation.checks_local_rows:  # TVM_FFI_ICHECK(localNumTokens <= runtime...)
             rows = [inp.owners.shape[0] for inp in inputs]
             refused = [r for r in range(W) if rows[r] > runtimes[r]]
             if refused:
                 raise RankRefused(refused, runtimes, rows)
         self.flag_val += 1  # moeA2APrepareDispatchKernel
-        self._ensure(max(lay.bytes_needed for lay in self._layouts))
+        self._ensure(max(lay.bytes_needed for lay in layouts))
+        self.round = Round(tuple(runtimes), payloads, layouts, tuple(inputs),
+                           tuple(self._routes(inp.owners) for inp in inputs))
+        return self.round
+
+    def push(self, s: int) -> None:
+        """Rank ``s``'s dispatch writes: its rows into every target's receive planes."""
+        rnd = self.round
+        tok, tgt, idx = rnd.sends[s]
+        R_s, lay_s = rnd.runtimes[s], rnd.layouts[s]
+        for q, spec in enumerate(rnd.payloads):
+            b = spec.bytes_per_token
+            dst = lay_s.recv_offsets[q] + (s * R_s + idx) * b
+            self._audit(rnd, "dispatch", s, tok, tgt, idx, dst, q,
+                        lambda lay: lay.recv_offsets[q], b)
+            if len(dst):
+                self._ensure(int(dst.max()) + b)
+            cols = dst[:, None] + np.arange(b)
+            self.workspace[tgt[:, None], cols] = rnd.inputs[s].payload_rows[q][tok]
+            if self.written is not None:
+                self.written[tgt[:, None], cols] = s
+
+    def finish_dispatch(self):
+        """The receive counters of the round, and each rank's receive-plane views."""
+        W, rnd = self.ep_size, self.round
         recv_counts = np.zeros((W, W), dtype=np.int64)
-        self._sends = []
-        for s, inp in enumerate(inputs):
-            tok, tgt, idx = self._routes(inp.owners)
-            self._sends.append((tok, tgt, idx))
+        for s, (_, tgt, _) in enumerate(rnd.sends):
             np.add.at(recv_counts, (tgt, np.full_like(tgt, s)), 1)
-            R_s, lay_s = runtimes[s], self._layouts[s]
-            for q, spec in enumerate(self.payloads):
-                b = spec.bytes_per_token
-                dst = lay_s.recv_offsets[q] + (s * R_s + idx) * b
-                self._audit("dispatch", s, tok, tgt, idx, dst, q, runtimes,
-                            lambda lay: lay.recv_offsets[q], b)
-                if len(dst):
-                    self._ensure(int(dst.max()) + b)
-                cols = dst[:, None] + np.arange(b)
-                self.workspace[tgt[:, None], cols] = inp.payload_rows[q][tok]
         bank = self.bank
         for t in range(W):  # send_counters -> recv_counters[target][bank][source]
             off = self.recv_counters + bank * W * INT32
@@ -186,13 +230,12 @@ class A2AModel:
             if self.generation.counter_banks == 2:  # the prepare kernel marks the next bank -1
                 nxt = self.recv_counters + (1 - bank) * W * INT32
                 self.workspace[t, nxt:nxt + W * INT32] = 0xFF
-        self._recv_counts = recv_counts
         views = []
         for t in range(W):
-            lay = self._layouts[t]
+            lay = rnd.layouts[t]
             views.append([self.workspace[t, o:o + W * lay.runtime * p.bytes_per_token]
                           .reshape(W, lay.runtime, p.bytes_per_token)
-                          for o, p in zip(lay.recv_offsets, self.payloads)])
+                          for o, p in zip(lay.recv_offsets, rnd.payloads)])
         return views, recv_counts
 
     @property
@@ -205,13 +248,13 @@ class A2AModel:
         off = self.recv_counters + (self.bank if bank is None else bank) * self.ep_size * INT32
         return self.workspace[rank, off:off + self.ep_size * INT32].view(np.int32).copy()
 
-    def _audit(self, phase, s, tok, tgt, idx, offsets, q, runtimes, plane_start, b):
+    def _audit(self, rnd: Round, phase, s, tok, tgt, idx, offsets, q, plane_start, b):
         """Record every row whose offset differs from its receiver's slot row, and fault on
         any that falls past the workspace."""
         if not len(tgt):
             return
-        R = np.asarray(runtimes, dtype=np.int64)
-        starts = np.array([plane_start(lay) for lay in self._layouts], dtype=np.int64)
+        R = np.asarray(rnd.runtimes, dtype=np.int64)
+        starts = np.array([plane_start(lay) for lay in rnd.layouts], dtype=np.int64)
         expect = starts[tgt] + (s * R[tgt] + idx) * b
         past = offsets + b > self.size_per_rank
         if past.any():
@@ -219,22 +262,28 @@ class A2AModel:
             raise IllegalAddress(f"{phase}: rank {s} token {int(tok[i])} -> rank {int(tgt[i])} "
                                  f"touches byte {int(offsets[i]) + b} of a "
                                  f"{self.size_per_rank}-byte workspace")
-        name = self.payloads[q].name if q is not None else "expert output"
+        name = rnd.payloads[q].name if q is not None else "expert output"
         verb = "into " if phase == "dispatch" else "from "
         for i in np.nonzero((offsets != expect) | (idx >= R[tgt]))[0]:
             t = int(tgt[i])
             self.events.append(SlotEvent(
                 phase, s, t, int(tok[i]), name, int(idx[i]), int(R[s]), int(R[t]),
-                verb + _where(self._layouts[t], int(offsets[i]), self.aux_end)))
+                verb + _where(rnd.layouts[t], int(offsets[i]), self.aux_end)))
 
     def combine(self, runtimes: Sequence[int], expert_outputs: Sequence[np.ndarray],
                 local_num_tokens: Sequence[int]) -> List[np.ndarray]:
         """All ranks' ``moe_a2a_combine``: stage each rank's ``[W, R, combine_bytes]`` output
         into its workspace, then sum one row per distinct target (fp32, no routing weights)
         and round to bf16. Returns each rank's ``[n, H]`` float32 (bf16 values)."""
-        W, c = self.ep_size, self.combine_bytes
+        rnd = self.stage(expert_outputs)
+        return [self.read(rnd, s, local_num_tokens[s]) for s in range(self.ep_size)]
+
+    def stage(self, expert_outputs: Sequence[np.ndarray]) -> Round:
+        """Every rank's combine prepare: its expert output into its own combine region, then
+        the combine flag (after which any peer may read it)."""
+        W, c, rnd = self.ep_size, self.combine_bytes, self.round
         for t in range(W):
-            lay = self._layouts[t]
+            lay = rnd.layouts[t]
             out = np.ascontiguousarray(expert_outputs[t]).view(np.uint8).reshape(-1)
             if self.generation.fixed_combine_region:
                 # moeA2APrepareCombineKernel: only row j < recv_count[bank][source] of each
@@ -249,21 +298,33 @@ class A2AModel:
             else:
                 self.workspace[t, lay.combine_offset:lay.combine_offset + out.size] = out
         self.flag_val += 1  # moeA2APrepareCombineKernel
-        results = []
-        for s in range(W):
-            tok, tgt, idx = self._sends[s]
-            lay_s = self._layouts[s]
-            src = lay_s.combine_offset + (s * runtimes[s] + idx) * c
-            self._audit("combine", s, tok, tgt, idx, src, None, runtimes,
-                        lambda lay: lay.combine_offset, c)
-            if len(src):
-                self._ensure(int(src.max()) + c)
-            rows = self.workspace[tgt[:, None], src[:, None] + np.arange(c)]
-            vals = from_bf16_bits(np.ascontiguousarray(rows).view(np.uint16))
-            acc = np.zeros((local_num_tokens[s], c // 2), dtype=np.float32)
+        return rnd
+
+    def read(self, rnd: Round, s: int, local_num_tokens: int) -> np.ndarray:
+        """Rank ``s``'s combine of round ``rnd``: it pulls its rows' expert outputs from every
+        target's combine region, as the workspace holds them now."""
+        c = self.combine_bytes
+        tok, tgt, idx = rnd.sends[s]
+        src = rnd.layouts[s].combine_offset + (s * rnd.runtimes[s] + idx) * c
+        self._audit(rnd, "combine", s, tok, tgt, idx, src, None, lambda lay: lay.combine_offset, c)
+        if len(src):
+            self._ensure(int(src.max()) + c)
+        cols = src[:, None] + np.arange(c)
+        if self.written is not None:  # rows another rank's later dispatch wrote over
+            hit = self.written[tgt[:, None], cols]
+            self.overwritten[s] += int(((hit >= 0) & (hit != s)).any(axis=1).sum())
+        rows = self.workspace[tgt[:, None], cols]
+        vals = from_bf16_bits(np.ascontiguousarray(rows).view(np.uint16))
+        acc = np.zeros((local_num_tokens, c // 2), dtype=np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # overwritten rows sum to anything
             np.add.at(acc, tok, vals)
-            results.append(from_bf16_bits(to_bf16_bits(acc)))
-        return results
+        return from_bf16_bits(to_bf16_bits(acc))
+
+    def watch_writes(self) -> None:
+        """From now on, record which rank's dispatch last wrote each byte (``read`` counts the
+        rows a rank reads that another rank wrote since: ``overwritten``)."""
+        self.written = np.full(self.workspace.shape, -1, dtype=np.int16)
+        self.overwritten = [0] * self.ep_size
 
 
 @dataclass(frozen=True)
@@ -297,49 +358,125 @@ def expected_recv_counts(world: World, inputs: Sequence[RankInputs]) -> np.ndarr
     return (upto[ends] - upto[ends - [inp.owners.shape[0] for inp in inputs]]).T.copy()
 
 
+def emulated_bytes(world: World, runtimes: Optional[Sequence[int]] = None,
+                   generation: Optional[Generation] = None) -> int:
+    """The bytes emulating ``world`` materialises (every rank's workspace up to the furthest
+    byte a round with ``runtimes`` touches, default the ideal runtime, plus the inputs)."""
+    gen = generation or world.generation
+    moe = world.moe
+    runtimes = runtimes or [max(1, world.ideal_runtime)]
+    return (world.ep_size * max(gen.layout(world.ep_size, world.max_num_tokens, max(1, r),
+                                           moe.payloads, moe.combine_bytes).bytes_needed
+                                for r in set(runtimes))
+            + 16 * moe.hidden_size * sum(world.rows_per_rank))
+
+
 def round_trip(world: World, runtimes: Sequence[int],
                inputs: Optional[Sequence[RankInputs]] = None) -> RoundTrip:
     """Run the world through the model with ``runtimes[r]`` on rank ``r``."""
-    need = (world.ep_size * max(world.layout(max(1, r)).bytes_needed for r in set(runtimes))
-            + 16 * world.moe.hidden_size * sum(world.rows_per_rank))  # + the inputs
+    need = emulated_bytes(world, runtimes)
     if need > MAX_EMULATED_BYTES:
         raise MemoryError(f"emulating this world touches {need / 2**20:.0f} MiB of workspace "
                           f"(limit {MAX_EMULATED_BYTES >> 20} MiB): run it on a GPU tier")
     moe = world.moe
-    fmt = moe.payload_format
-    specs = moe.payloads
     inputs = make_inputs(world) if inputs is None else inputs
-    model = A2AModel(world.ep_size, world.max_num_tokens, specs, moe.combine_bytes,
+    model = A2AModel(world.ep_size, world.max_num_tokens, moe.payloads, moe.combine_bytes,
                      world.generation)
     views, recv_counts = model.dispatch(runtimes, inputs)
-    n_hidden = len(specs) - 2
     received_ok = _received_rows_ok(model, views, inputs)
-    outputs = []
-    W = world.ep_size
-    groups = [list(range(W))] if len(set(runtimes)) == 1 else [[t] for t in range(W)]
-    for targets in groups:  # every target rank at once when the runtimes agree
-        R = runtimes[targets[0]]
-        flat = [np.concatenate([np.ascontiguousarray(views[t][q]).reshape(W * R, -1) for t in targets])
-                for q in range(len(specs))]
-        x = decode_hidden(flat[:n_hidden], fmt, moe.hidden_size)
-        ids = np.ascontiguousarray(flat[n_hidden]).view(np.int32)
-        w = np.ascontiguousarray(flat[n_hidden + 1]).view(np.float32)
-        y = stand_in_moe(x, ids, w, np.repeat(targets, W * R), moe.num_experts, W)
-        outputs += list(y.reshape(len(targets), W, R, moe.hidden_size))
+    outputs = _experts(world, runtimes, views)
     combined = model.combine(runtimes, outputs, world.rows_per_rank)
     return RoundTrip(tuple(combined), tuple(reference_outputs(world, inputs)), recv_counts,
                      expected_recv_counts(world, inputs), tuple(model.events), received_ok)
 
 
+def _experts(world: World, runtimes: Sequence[int], views) -> List[np.ndarray]:
+    """Each target rank's stand-in expert output ``[W, R, H]`` (bf16 bits) for the rows its
+    receive planes hold."""
+    moe, W = world.moe, world.ep_size
+    specs, n_hidden = moe.payloads, len(moe.payloads) - 2
+    outputs = []
+    groups = [list(range(W))] if len(set(runtimes)) == 1 else [[t] for t in range(W)]
+    for targets in groups:  # every target rank at once when the runtimes agree
+        R = runtimes[targets[0]]
+        flat = [np.concatenate([np.ascontiguousarray(views[t][q]).reshape(W * R, -1) for t in targets])
+                for q in range(len(specs))]
+        x = decode_hidden(flat[:n_hidden], moe.payload_format, moe.hidden_size)
+        ids = np.ascontiguousarray(flat[n_hidden]).view(np.int32)
+        w = np.ascontiguousarray(flat[n_hidden + 1]).view(np.float32)
+        y = stand_in_moe(x, ids, w, np.repeat(targets, W * R), moe.num_experts, W)
+        outputs += list(y.reshape(len(targets), W, R, moe.hidden_size))
+    return outputs
+
+
+@dataclass(frozen=True)
+class BackToBack:
+    """Two rounds on one workspace in the order worst for one rank (``late``)."""
+
+    late: int
+    first: Tuple[np.ndarray, ...]  # every rank's round-n combine output
+    first_reference: Tuple[np.ndarray, ...]
+    second: Tuple[np.ndarray, ...]
+    second_reference: Tuple[np.ndarray, ...]
+    overwritten: int  # round-n combine rows ``late`` read after a peer's round-n+1 write
+    rounds: Tuple[Round, Round]
+
+    def first_mismatched(self) -> List[int]:
+        return [r for r, (o, e) in enumerate(zip(self.first, self.first_reference))
+                if not np.array_equal(o, e)]
+
+    @property
+    def second_exact(self) -> bool:
+        return all(np.array_equal(o, e) for o, e in zip(self.second, self.second_reference))
+
+
+def back_to_back(first: World, second: World, runtimes: Sequence[int],
+                 next_runtimes: Sequence[int], late: int = 0) -> BackToBack:
+    """Round n on ``first`` then round n+1 on ``second`` on one workspace (allocated for the
+    wider of their rows), never cleared between them, in an order FlashInfer's protocol allows:
+    combine signals only at its start and the host does not synchronise, so every rank but
+    ``late`` finishes round n's combine and pushes round n+1's dispatch rows into its peers'
+    receive planes before ``late`` reads its round-n combine input; then ``late`` reads, pushes
+    its own rows, and round n+1 completes. Where round n+1's planes reach a peer's round-n
+    combine input (FlashInfer 0.7.2, a growing layout: ``model/cross_round.py``), ``late``'s
+    round-n output is wrong; round n+1's is right either way."""
+    W = first.ep_size
+    if (second.ep_size, second.max_num_tokens, second.moe.combine_bytes) != \
+            (W, first.max_num_tokens, first.moe.combine_bytes):
+        raise ValueError("two rounds on one workspace share ep_size, the cap and the combine row")
+    widest = max(first.moe.payloads, second.moe.payloads,
+                 key=lambda ps: sum(p.bytes_per_token for p in ps))
+    model = A2AModel(W, first.max_num_tokens, widest, first.moe.combine_bytes, first.generation)
+    inputs, next_inputs = make_inputs(first), make_inputs(second)
+    views, _ = model.dispatch(runtimes, inputs, first.moe.payloads)
+    rnd = model.stage(_experts(first, runtimes, views))
+    out: List[Optional[np.ndarray]] = [
+        None if s == late else model.read(rnd, s, first.rows_per_rank[s]) for s in range(W)]
+    model.watch_writes()
+    model.begin_dispatch(next_runtimes, next_inputs, second.moe.payloads)
+    for s in range(W):
+        if s != late:
+            model.push(s)
+    out[late] = model.read(rnd, late, first.rows_per_rank[late])
+    model.push(late)
+    views, _ = model.finish_dispatch()
+    nxt = model.stage(_experts(second, next_runtimes, views))
+    second_out = [model.read(nxt, s, second.rows_per_rank[s]) for s in range(W)]
+    return BackToBack(late, tuple(out), tuple(reference_outputs(first, inputs)),
+                      tuple(second_out), tuple(reference_outputs(second, next_inputs)),
+                      model.overwritten[late], (rnd, nxt))
+
+
 def _received_rows_ok(model: A2AModel, views, inputs) -> bool:
     """Every (source, send index) row a receiver holds is the row its sender sent."""
-    R = np.array([lay.runtime for lay in model._layouts], dtype=np.int64)
-    for s, (tok, tgt, idx) in enumerate(model._sends):
+    rnd = model.round
+    R = np.array([lay.runtime for lay in rnd.layouts], dtype=np.int64)
+    for s, (tok, tgt, idx) in enumerate(rnd.sends):
         if (idx >= R[tgt]).any():
             return False
-        for q, spec in enumerate(model.payloads):
+        for q, spec in enumerate(rnd.payloads):
             b = spec.bytes_per_token
-            starts = np.array([lay.recv_offsets[q] for lay in model._layouts], dtype=np.int64)
+            starts = np.array([lay.recv_offsets[q] for lay in rnd.layouts], dtype=np.int64)
             at = starts[tgt] + (s * R[tgt] + idx) * b
             got = model.workspace[tgt[:, None], at[:, None] + np.arange(b)]
             if not np.array_equal(got, inputs[s].payload_rows[q][tok]):
