@@ -5,7 +5,8 @@ Each cell runs the release's own file on one step (eager decode, 4 EP ranks, 8 t
 attention for vLLM, whose older releases refuse a sequence-parallel step) with
 FlashInfer's API as that generation's source defines it (``dispatcher/flashinfer/api.py``):
 ``runs`` when the release reaches the launch, else the error the release raises there, as it
-would in production. tests/meta/test_flashinfer_compat.py checks the docs table is this one.
+would in production; where it runs the one-sided A2A, whether its runtimes along a sequence of
+steps expose the generation's cross-round race (``cross_round_verdicts``). tests/meta/test_flashinfer_compat.py checks the docs table is this one.
 """
 from __future__ import annotations
 
@@ -35,7 +36,14 @@ def cell(spec: str, version: str) -> str:
             properties.rule_values(policy, world, spec)
         except properties.RuleCrashed as exc:
             return _first_error(str(exc))
-    return "runs"
+        if getattr(policy, "side", None) == "two-sided":  # other kernels: no such layout
+            return "runs"
+        from strategies.search import visited
+
+        from .cross_round_verdicts import EXAMPLES, ONE_FORMAT, first_exposed
+
+        exposed = first_exposed(policy, visited(ONE_FORMAT, EXAMPLES)) is not None
+    return f"runs; cross-round {'exposed' if exposed else 'closed'}"
 
 
 def _first_error(text: str) -> str:

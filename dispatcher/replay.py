@@ -19,7 +19,7 @@ import traceback
 
 from .emulator.a2a import round_trip
 from .model import properties
-from .model.parse import BadWorld, parse_context, parse_world
+from .model.parse import BadWorld, parse_context, parse_sequence, parse_world
 from .model.engine import EnginePolicy
 from .model.sglang_context import SGLangContext
 from .model.validation import A2ASizingError, validate
@@ -38,6 +38,8 @@ def _report(line: str) -> None:
 
 
 def replay(world_text: str, spec: str, context_text: str = "") -> int:
+    if world_text.lstrip().startswith(("(", "[")):
+        return replay_sequence(world_text, spec, context_text)
     try:
         world = parse_world(world_text)
         ctx = parse_context(context_text) if context_text else SGLangContext()
@@ -87,6 +89,51 @@ def replay(world_text: str, spec: str, context_text: str = "") -> int:
     except MemoryError as exc:
         print(f"emulated A2A round trip: skipped ({exc})")
     return VIOLATED if failed else OK
+
+
+def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
+    """A sequence of steps on one workspace, in order through one policy object: what a
+    failing sequence test printed. Every step is held to every property (an SGLang sequence
+    of (world, context) steps: to every bug class too); the cross-round rows at risk between
+    consecutive A2A rounds are shown."""
+    from .model.generations import active
+    from .model.sequences import check_sequence
+
+    try:
+        steps = parse_sequence(text)
+        if context_text:
+            raise BadWorld("--context is for one step; a sequence names each step's context")
+        name, policy = load_policy(spec)
+        _report("loaded")
+        paired = isinstance(steps[0], tuple)
+        sglang = isinstance(policy, EnginePolicy) and policy.engine == "sglang"
+        if paired and not sglang:
+            raise BadWorld(f"(World, SGLangContext) steps are for sglang: policies; {spec} is "
+                           f"not one")
+    except (BadWorld, PolicyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    try:
+        if paired:
+            from .sglang.classes import BUGS
+            from .sglang.sequences import check_steps
+
+            hazards = check_steps(policy, steps, BUGS)
+        else:
+            hazards = check_sequence(policy, steps, name, engine_worlds=lambda w: (
+                policy.engine_world(w, keep_cap=True) if isinstance(policy, EnginePolicy)
+                else w))
+    except AssertionError as exc:  # PropertyViolation, SequenceFailure
+        print(exc)
+        for note in getattr(exc, "__notes__", ()):
+            print(note)
+        return VIOLATED
+    print(f"{name}: every step of the {len(steps)} holds every property")
+    for n, risk in enumerate(hazards, 1):
+        if risk is not None:
+            print(f"  steps {n} -> {n + 1}: cross-round rows at risk per reader rank "
+                  f"{list(risk)} on FlashInfer {active().version}")
+    return OK
 
 
 def _engine_classes(release, world, ctx) -> int:

@@ -62,8 +62,11 @@ def visited(strategy, max_examples: int) -> Tuple:
     """Every example a search of ``max_examples`` visits, in order, before any condition holds
     (a derandomized search whose condition never holds visits the same sequence whatever the
     condition is, and one that stops at the first hit visits a prefix of it). Recorded once
-    per process for each (strategy, count): the strategy is named by its repr."""
-    key = (repr(strategy), max_examples)
+    per process for each (strategy, count, FlashInfer generation: strategies draw only what
+    the session's generation supports): the strategy is named by its repr."""
+    from dispatcher.model.generations import active
+
+    key = (repr(strategy), max_examples, active().version)
     if key not in _VISITED:
         seen = []
 

@@ -20,9 +20,9 @@ from hypothesis import assume, strategies as st
 
 from dispatcher.model.sglang_context import CAPTURE_SIZES, FORWARD_MODES, SGLangContext
 
-from .worlds import worlds
+from .worlds import group_token_counts, worlds
 
-__all__ = ["REGIMES", "sglang_contexts", "sglang_steps"]
+__all__ = ["REGIMES", "sglang_contexts", "sglang_steps", "sglang_sequences"]
 
 REGIMES = ("any", "sp-prescatter", "constructed-cap", "collapsed-dp-global",
            "cuda-graph-buckets", "all-idle", "stale-draft", "padding-slots", "extend-over-cap")
@@ -132,3 +132,61 @@ def sglang_steps(draw, regime: str = "any"):
         assume(not world.payload_fits_cap)
         return world, ctx
     raise ValueError(f"unknown regime {regime!r}: one of {REGIMES}")
+
+
+@st.composite
+def sglang_sequences(draw, max_steps: int = 6):
+    """One SGLang server's steps in order on one workspace: its topology (DP attention, one
+    group per rank first: what every release accepts), cap, MoE layer and server switches are
+    the first step's (its context drawn as ``sglang_contexts()``); CUDA-graph
+    captures of some buckets come first (as at start-up), then any mix of eager decode steps,
+    replays, prefill and mixed batches, idle steps and, on a speculative server, draft
+    forwards, each with fresh counts and made producible as one step is. Shrinking drops
+    steps anywhere in the list."""
+    # a server every release accepts (one DP group per rank, the all-gather on) in 3 of 4
+    # draws: a refused topology runs no step, and 0.5.22+ refuse every step that skips the
+    # all-gather under DP attention
+    usual = draw(st.integers(0, 3)) > 0
+    ctx = draw(_ANY_CONTEXT)
+    ctx = replace(ctx, skip_all_gather=False) if usual else ctx
+    topology = "full" if usual else draw(_DP_ATTENTION)
+    first, first_ctx = _producible(draw(_worlds(dp_attention=topology)), ctx), ctx
+    server = replace(first_ctx, forward_mode="decode", draft_forward=False, tokens_per_req=1,
+                     stale_by=0)
+    captures = [s for s in draw(st.lists(_capture(first, server), max_size=2)) if s]
+    rest = draw(st.lists(_serving_step(first, server), min_size=1,
+                         max_size=max(1, max_steps - 2 - len(captures))))
+    return (*captures, (first, first_ctx), *(s for s in rest if s))
+
+
+def _serving_at(first, ctx, tokens, padding, kind):
+    """The step SGLang runs for these counts on ``first``'s server, or None where it runs none
+    (an idle batch with the all-gather on, a batch over every bucket) or needs another cap."""
+    if max(tokens) == 0 and not (ctx.skip_all_gather and first.dp_attention):
+        return None
+    if ctx.forward_mode == "replay" and max(tokens) // ctx.tokens_per_req > CAPTURE_SIZES[-1]:
+        return None
+    world = _producible(replace(
+        first, group_tokens=tokens, max_len_padding=padding and first.dp_size > 1,
+        dp_global_kind=kind if len(set(tokens)) == 1 else "recorded"), ctx)
+    return (world, ctx) if world.max_num_tokens == first.max_num_tokens else None
+
+
+@st.composite
+def _capture(draw, first, server):
+    """A CUDA-graph capture of one bucket within the cap (every group runs it)."""
+    bucket = draw(st.sampled_from([b for b in CAPTURE_SIZES if b <= first.max_num_tokens] or [1]))
+    return _serving_at(first, replace(server, forward_mode="capture"),
+                       (bucket,) * first.dp_size, False, "recorded")
+
+
+@st.composite
+def _serving_step(draw, first, server):
+    """An eager or replayed decode step, a prefill or mixed batch, or (speculative) a draft
+    forward, with fresh counts."""
+    draft = server.speculative and draw(st.booleans())
+    ctx = replace(server, forward_mode=draw(st.sampled_from(FORWARD_MODES[:3] + ("replay",))),
+                  draft_forward=draft, tokens_per_req=draw(_TOKENS_PER_REQ) if draft else 1)
+    tokens = draw(group_token_counts(first.dp_size, first.attn_tp_size,
+                                     min(first.max_num_tokens, 1024)))
+    return _serving_at(first, ctx, tokens, draw(st.booleans()), first.dp_global_kind)

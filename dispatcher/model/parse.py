@@ -14,7 +14,7 @@ from typing import Dict
 from .sglang_context import SGLangContext
 from .world import MoeConfig, World
 
-__all__ = ["BadWorld", "parse_world", "parse_context", "MAX_WORLD_TEXT"]
+__all__ = ["BadWorld", "parse_world", "parse_context", "parse_sequence", "MAX_WORLD_TEXT"]
 
 MAX_WORLD_TEXT = 20_000  # characters: a 64-rank world's repr is well under 1,000
 MAX_INT = 10**12  # no count of a world comes near it
@@ -35,7 +35,39 @@ def parse_context(text: str) -> SGLangContext:
     return _parse(text, "SGLangContext")
 
 
+def parse_sequence(text: str):
+    """``(World(...), World(...))`` -> a tuple of worlds; ``((World(...), SGLangContext(...)),
+    ...)`` -> a tuple of (world, context) steps: a sequence of steps on one workspace, as a
+    failing sequence test prints it."""
+    tree = _tree(text, "sequence of World")
+    if not isinstance(tree, (ast.Tuple, ast.List)) or not tree.elts:
+        raise BadWorld("a sequence is a tuple of World(...) (or of (World(...), "
+                       "SGLangContext(...)) pairs), as a failing sequence test prints it")
+    if all(isinstance(e, ast.Tuple) for e in tree.elts):
+        if any(len(e.elts) != 2 for e in tree.elts):
+            raise BadWorld("each step of an SGLang sequence is (World(...), SGLangContext(...))")
+        steps = tuple((_build(e.elts[0], "World"), _build(e.elts[1], "SGLangContext"))
+                      for e in tree.elts)
+        _one_workspace([w for w, _ in steps])
+        return steps
+    worlds = tuple(_build(e, "World") for e in tree.elts)
+    _one_workspace(worlds)
+    return worlds
+
+
+def _one_workspace(worlds) -> None:
+    shape = {(w.ep_size, w.max_num_tokens, w.moe.hidden_size, w.moe.top_k, w.moe.num_experts)
+             for w in worlds}
+    if len(shape) > 1:
+        raise BadWorld("the steps of a sequence run on one workspace: they share ep_size, "
+                       "max_num_tokens and the MoE layer's hidden_size, top_k and num_experts")
+
+
 def _parse(text: str, expected: str):
+    return _build(_tree(text, expected), expected)
+
+
+def _tree(text: str, expected: str) -> ast.AST:
     if len(text) > MAX_WORLD_TEXT:
         raise BadWorld(f"{expected} text is {len(text)} characters (at most {MAX_WORLD_TEXT})")
     try:
@@ -44,7 +76,7 @@ def _parse(text: str, expected: str):
         raise BadWorld(f"not a {expected}(...) repr: {exc.msg} at column {exc.offset}") from None
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
         raise BadWorld(f"not a {expected}(...) repr: {exc}") from None
-    return _build(tree.body, expected)
+    return tree.body
 
 
 def _ints(value):

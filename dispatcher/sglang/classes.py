@@ -22,8 +22,7 @@ from .loader import Outcome, SGLangRelease
 from .report import describe_outcomes, describe_sources
 
 __all__ = ["BugClass", "BUG_CLASSES", "BUGS", "HAZARDS", "describe_outcomes", "describe_sources",
-           "describe_step",
-           "check_step"]
+           "describe_step", "check_step", "class_problem", "step_problem"]
 
 
 @dataclass(frozen=True)
@@ -205,6 +204,15 @@ BUGS = tuple(k for k, c in BUG_CLASSES.items() if not c.hazard)
 HAZARDS = tuple(k for k, c in BUG_CLASSES.items() if c.hazard)
 
 
+def class_problem(release: SGLangRelease, key: str, world: World, ctx: SGLangContext,
+                  outs: Sequence[Outcome]) -> Optional[str]:
+    """Class ``key``'s violation in a step whose outcomes are ``outs``, or None (also when the
+    step is outside the class's regime)."""
+    if not BUG_CLASSES[key].applies(world, ctx):
+        return None
+    return BUG_CLASSES[key].check(release, world, ctx, outs)
+
+
 def check_step(release: SGLangRelease, key: str, world: World, ctx: SGLangContext) -> Optional[str]:
     """The violation of class ``key`` in this step (with the step described), or None
     (also when the step is outside the class's regime)."""
@@ -214,7 +222,39 @@ def check_step(release: SGLangRelease, key: str, world: World, ctx: SGLangContex
         outs = release.step(world, ctx)
     except NotApplicable:
         return None
-    problem = BUG_CLASSES[key].check(release, world, ctx, outs)
+    problem = class_problem(release, key, world, ctx, outs)
     if problem is None:
         return None
     return f"[{key}] {problem}\n{describe_step(release, world, ctx, outs)}"
+
+
+def step_problem(release: SGLangRelease, world: World, ctx: SGLangContext,
+                 outs: Sequence[Outcome]) -> Optional[str]:
+    """What is wrong with any step SGLang can produce, whatever its class: every rank takes
+    the same path (launch, routed around the A2A, or an error); SGLang raises only where no
+    valid runtime exists (or in a mode it refuses); a launch is an int >= 1, the same on every
+    rank, within the cap SGLang built and covering the rows each rank holds (the replayed
+    buckets, or the padded step). None when the step is sound."""
+    kinds = {"launch" if o.launch else "around" if o.routed_around else "error" for o in outs}
+    if len(kinds) > 1:
+        return f"ranks take different paths {sorted(kinds)}: the others hang"
+    if kinds == {"error"}:
+        refused_mode = ctx.skip_all_gather and world.dp_attention and world.ep_size > 1
+        if world.payload_fits_cap and not refused_mode:
+            return "SGLang raised in a valid step"
+        return None
+    if kinds == {"around"}:
+        return None
+    values = [o.runtime for o in outs]
+    if len(set(values)) > 1:
+        return f"ranks pass different runtimes {values}"
+    runtime, cap = values[0], outs[0].launch.max_num_tokens
+    if type(runtime) is not int or runtime < 1:
+        return f"runtime {runtime!r} is not an int >= 1"
+    if runtime > cap:
+        return (f"runtime {runtime} over the cap {cap} SGLang built: FlashInfer's assert "
+                f"crashes the server")
+    rows = release.forward_world(world, ctx)  # the replayed buckets, or the padded step
+    if runtime < rows.max_rows:
+        return f"runtime {runtime} < {rows.max_rows} rows: silent overflow"
+    return None

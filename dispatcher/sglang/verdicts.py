@@ -21,6 +21,9 @@ from typing import Dict, List, Optional, Tuple
 from strategies import sglang_steps, worlds
 from strategies.search import minimal
 
+from ..cross_round_verdicts import COLUMN as CROSS_ROUND, LEGEND as CROSS_ROUND_LEGEND
+from ..cross_round_verdicts import search as cross_round_search
+from ..model.generations import using
 from ..model.properties import COLUMNS, RuleCrashed, breaks, rule_values
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
@@ -61,6 +64,11 @@ def class_verdicts(release: SGLangRelease, max_examples: int = CLASS_EXAMPLES) -
                         max_examples)
         detail = "" if found is None else check_step(release, key, *found).splitlines()[0]
         out[key] = Verdict(key, found, detail.split("] ", 1)[-1])
+    with using("0.7.2"):  # the only generation the pinned releases run on (docs/flashinfer.md)
+        hazard = cross_round_search(release, max_examples)
+    out[CROSS_ROUND] = Verdict(
+        CROSS_ROUND, (hazard.example, SGLangContext()) if hazard.exposed else None,
+        hazard.detail)
     return out
 
 
@@ -91,9 +99,10 @@ def _table(title: str, columns: List[str], rows: List[Tuple[str, Dict[str, Verdi
                 notes.append(f"[{len(notes) + 1}] {label} {c}: {v.detail}")
                 cells.append(f"unreachable [{len(notes)}]")
                 continue
-            hazard = c in HAZARDS
+            hazard = c in HAZARDS or c == CROSS_ROUND
             if v.example is None:
-                cells.append("hardened" if hazard else "pass")
+                cells.append("closed" if c == CROSS_ROUND
+                             else "hardened" if hazard else "pass")
                 continue
             notes.append(f"[{len(notes) + 1}] {label} {c}: {v.detail}; `{v.example[0]!r}`"
                          + ("" if v.example[1] == SGLangContext() else f" with `{v.example[1]!r}`"))
@@ -111,12 +120,13 @@ def tables(specs) -> str:
     by_property = [(r.label, property_verdicts(r)) for r in releases]
     notes: List[str] = []
     header = [f"{c.title} ({c.record})" for c in BUG_CLASSES.values()]
-    first = _table("release", list(BUGS) + list(HAZARDS), by_class, notes)
+    first = _table("release", list(BUGS) + list(HAZARDS) + [CROSS_ROUND], by_class, notes)
     second = _table("release", list(COLUMNS), by_property, notes)
-    legend = " / ".join(f"`{k}`: {h}" for k, h in zip(BUG_CLASSES, header))
+    legend = " / ".join([f"`{k}`: {h}" for k, h in zip(BUG_CLASSES, header)]
+                        + [CROSS_ROUND_LEGEND])
     return (f"{first}\n\n{legend}\n\n{second}\n\n" + "\n".join(f"- {n}" for n in notes)
             + f"\n\n(searched in {time.perf_counter() - t0:.0f} s: {CLASS_EXAMPLES} steps per "
-              f"class cell, {PROPERTY_EXAMPLES} worlds per property cell, derandomized)")
+              f"class cell and sequences per cross-round cell, {PROPERTY_EXAMPLES} worlds per property cell, derandomized)")
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,9 @@ from typing import Dict, List, Optional
 from strategies.search import minimal
 from strategies.vllm import VLLM_REGIMES, vllm_worlds
 
+from ..cross_round_verdicts import COLUMN as CROSS_ROUND, LEGEND as CROSS_ROUND_LEGEND
+from ..cross_round_verdicts import search as cross_round_search
+from ..model.generations import using
 from ..model.properties import broken_columns
 from ..model.world import World
 from .fetch import RELEASES
@@ -48,13 +51,25 @@ def regime_verdicts(release: VLLMRelease, max_examples: int = REGIME_EXAMPLES) -
     return out
 
 
+def _cross_round_cell(release: VLLMRelease, notes: List[str]) -> str:
+    if release.side == "two-sided":
+        return "n/a"
+    with using("0.7.2"):  # the only generation the pinned releases run on (docs/flashinfer.md)
+        hazard = cross_round_search(release, REGIME_EXAMPLES)
+    if not hazard.exposed:
+        return "closed"
+    notes.append(f"[{len(notes) + 1}] {release.spec} {CROSS_ROUND}: {hazard.detail}; "
+                 f"`{hazard.example!r}`")
+    return f"exposed [{len(notes)}]"
+
+
 def tables(specs) -> str:
     releases = [release_from_spec(s.partition("vllm:")[2] if s.startswith("vllm") else s)
                 for s in specs]
     t0 = time.perf_counter()
     notes: List[str] = []
-    lines = ["| vLLM release | " + " | ".join(VLLM_REGIMES) + " |",
-             "|---" * (len(VLLM_REGIMES) + 1) + "|"]
+    lines = ["| vLLM release | " + " | ".join(VLLM_REGIMES) + f" | {CROSS_ROUND} |",
+             "|---" * (len(VLLM_REGIMES) + 2) + "|"]
     for release in releases:
         cells = []
         for regime, v in regime_verdicts(release).items():
@@ -66,7 +81,10 @@ def tables(specs) -> str:
                 notes.append(f"[{len(notes) + 1}] {release.spec} {regime}: breaks "
                              f"{', '.join(v.columns)}; `{v.example!r}`")
                 cells.append(f"**FAIL** [{len(notes)}]")
+        cells.append(_cross_round_cell(release, notes))
         lines.append(f"| {release.spec.partition(':')[2]} | " + " | ".join(cells) + " |")
-    return ("\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+    return ("\n".join(lines) + "\n\n" + CROSS_ROUND_LEGEND + "; `n/a`: the two-sided "
+            "backend's kernels (`flashinfer.comm.trtllm_alltoall`) are not this A2A\n\n"
+            + "\n".join(f"- {n}" for n in notes)
             + f"\n\n(searched in {time.perf_counter() - t0:.0f} s: {REGIME_EXAMPLES} worlds per "
               f"cell, derandomized)")

@@ -68,12 +68,15 @@ def test_the_sglang_property_table_is_the_expected_one():
 
 
 def test_the_vllm_table_is_the_expected_one():
-    from ..vllm.test_releases import EXPECTED
+    from ..vllm.test_releases import EXPECTED, EXPECTED_CROSS_ROUND, TWO_SIDED
 
     rows = _table("docs/vllm.md", "| vLLM release | any |")
     for release, regimes in EXPECTED.items():
         failing = {regime for regime, cell in rows[release].items() if _word(cell) == "fail"}
         assert failing == regimes, (release, failing, regimes)
+        assert _word(rows[release]["cross-round"]) == EXPECTED_CROSS_ROUND[release]
+    for release in TWO_SIDED:
+        assert _word(rows[f"{release}@two-sided"]["cross-round"]) == "n/a"
 
 
 @pytest.mark.parametrize("doc, header", [("docs/sglang.md", "| release | sp-prescatter |"),

@@ -16,6 +16,7 @@ LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.engine_tensors": 1,
     "dispatcher.emulator": 2, "strategies": 2, "dispatcher.flashinfer": 2,
     "dispatcher.gpu": 3, "dispatcher.sglang": 3, "dispatcher.vllm": 3,
+    "dispatcher.cross_round_verdicts": 3,
     "dispatcher.policies": 4, "dispatcher.__main__": 4, "dispatcher.sglang_verdicts": 4,
     "dispatcher": 4,  # the package's __init__ re-exports the model's names
     "dispatcher.plugin": 5, "dispatcher.bisect": 6, "dispatcher.cli": 6,

@@ -12,7 +12,9 @@ from .. import needs_torch
 
 NEEDS_TORCH = needs_torch(reason="SGLang's dispatcher needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
+from dispatcher import cross_round_verdicts as cross_round  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
+from dispatcher.model.generations import using  # noqa: E402
 from dispatcher.model.properties import COLUMNS, breaks  # noqa: E402
 from dispatcher.model.sglang_context import SGLangContext  # noqa: E402
 from dispatcher.model.world import MoeConfig, World  # noqa: E402
@@ -48,8 +50,10 @@ EXPECTED_CLASSES = {
 EXPECTED_UNREACHABLE = {v: {"sp-prescatter"} for v in ("0.5.13", "0.5.14", "0.5.15", "0.5.16",
                                                        "0.5.17", "0.5.18", "0.5.19", "0.5.20",
                                                        "0.5.22")}
-# release -> the hazards it is exposed to (the hardening column: never a failing test)
-EXPECTED_HAZARDS = {v: {"stale-draft"} for v in EXPECTED_CLASSES}
+# release -> the hazards it is exposed to (the hardening columns: never a failing test):
+# every release sizes the runtime per forward from the DP counts, so on FlashInfer 0.7.2 the
+# layout grows whenever the batch does (cross-round; no release runs on 0.7.4)
+EXPECTED_HAZARDS = {v: {"stale-draft", cross_round.COLUMN} for v in EXPECTED_CLASSES}
 # release -> the properties its eager-decode runtime breaks (docs/sglang.md, second table)
 EXPECTED_PROPERTIES = {
     "0.5.10": {"within-cap", "tight"},  # "no crash" only on an empty dp_global: no SGLang step
@@ -107,7 +111,7 @@ def _shipped(version):
 def test_the_tables_cover_every_release_and_class():
     assert set(EXPECTED_CLASSES) == set(RELEASES) == set(EXPECTED_HAZARDS)
     assert set(FIRST_SEEN) == set(BUG_CLASSES) == set(WORDS)
-    assert all(set(h) <= set(HAZARDS) for h in EXPECTED_HAZARDS.values())
+    assert all(set(h) <= set(HAZARDS) | {cross_round.COLUMN} for h in EXPECTED_HAZARDS.values())
     assert not any(set(c) & set(HAZARDS) for c in EXPECTED_CLASSES.values())
     for key, (version, _, _) in FIRST_SEEN.items():
         assert key in _shipped(version)
@@ -134,6 +138,18 @@ def test_release_ships_exactly_its_bug_classes(releases, version, key):
     else:
         assert hit is None, f"{version} is not expected to ship {key}, yet: " \
                             f"{check_step(release, key, *hit)}"
+
+
+@pytest.mark.xdist_group("sglang-cross-round")  # one recorded search of sequences
+@pytest.mark.parametrize("version", RELEASES)
+def test_release_cross_round_hazard(releases, version):
+    """Every cell of the cross-round column: the release's own runtimes along sequences of one
+    model's steps on one workspace let FlashInfer 0.7.2's layout grow over the previous
+    round's combine input (found among the sequences the table's search visits first)."""
+    with using("0.7.2"):
+        hit = cross_round.first_exposed(releases[version],
+                                        visited(cross_round.ONE_FORMAT, CLASS_EXAMPLES))
+    assert (hit is not None) == (cross_round.COLUMN in EXPECTED_HAZARDS[version]), hit
 
 
 @pytest.mark.parametrize("key", list(BUG_CLASSES))

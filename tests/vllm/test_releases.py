@@ -12,6 +12,8 @@ from .. import needs_torch
 
 NEEDS_TORCH = needs_torch(reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
+from dispatcher import cross_round_verdicts as cross_round  # noqa: E402
+from dispatcher.model.generations import using  # noqa: E402
 from dispatcher.model.world import World  # noqa: E402
 from dispatcher.vllm.verdicts import RELEASES, TWO_SIDED_REGIMES, broken_columns  # noqa: E402
 from strategies import vllm_worlds  # noqa: E402
@@ -25,6 +27,9 @@ EXPECTED = {
     "0.18.0": {"any", "pcp"}, "0.20.0": {"any", "pcp"}, "0.24.0": {"any", "pcp"},
     "0.28.0": {"any", "pcp"}, "0.32.0": set(), "0.33.0": set(),
 }
+# release -> its cross-round cell (docs/vllm.md): every release sizes the runtime per forward
+# from the DP chunk sizes, so FlashInfer 0.7.2's layout grows with the batch
+EXPECTED_CROSS_ROUND = {v: "exposed" for v in EXPECTED}
 TWO_SIDED = ("0.18.0", "0.33.0")  # the two-sided file of the oldest and newest pinned release
 EXAMPLES = 150
 # The cells that read one regime's recorded search run on one xdist worker (--dist=loadgroup),
@@ -41,7 +46,18 @@ def releases(pinned_releases):
 
 
 def test_the_table_covers_every_release():
-    assert set(EXPECTED) == set(RELEASES)
+    assert set(EXPECTED) == set(RELEASES) == set(EXPECTED_CROSS_ROUND)
+
+
+@pytest.mark.xdist_group("vllm-cross-round")  # one recorded search of sequences
+@pytest.mark.parametrize("version", RELEASES)
+def test_release_cross_round_hazard(releases, version):
+    """Every one-sided cell of the cross-round column (the two-sided backend's kernels are
+    not this A2A: "n/a")."""
+    with using("0.7.2"):
+        hit = cross_round.first_exposed(releases[0][version],
+                                        visited(cross_round.ONE_FORMAT, EXAMPLES))
+    assert (hit is not None) == (EXPECTED_CROSS_ROUND[version] == "exposed"), hit
 
 
 def _broken(release):

@@ -1,0 +1,97 @@
+"""The ``cross-round`` hazard column of the engines' verdict tables.
+
+FlashInfer 0.7.2 puts a round's combine input right after the round's own receive planes, so a
+round whose planes grow writes over the previous round's combine input while a slower peer may
+still read it (``model/cross_round.py``; docs/flashinfer.md, "Two rounds on one workspace").
+Whether an engine's sizing lets the layout grow between consecutive rounds is a property of its
+runtimes along a sequence of steps: Hypothesis searches sequences of one model's steps (one
+format: only the sizing changes the layout, ``strategies.sequences``) through the engine's own
+file for two rounds with rows at risk, and shrinks the sequence to the shortest. A hazard of the
+stack, never a failing test of the engine: "exposed" (with the shrunk sequence) or "closed".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from strategies.search import minimal
+from strategies.sequences import step_sequences
+
+from .model import properties
+from .model.cross_round import rows_at_risk
+from .model.generations import active
+from .model.sequences import exposes_cross_round, runtimes_along
+from .model.world import World
+
+__all__ = ["COLUMN", "EXAMPLES", "ONE_FORMAT", "CrossRound", "search", "first_exposed",
+           "engine_worlds", "LEGEND"]
+
+COLUMN = "cross-round"
+EXAMPLES = 300
+# one model's steps (one format) that a server runs (rows within the cap), none with fewer
+# tokens in a DP group than the first (a shrinking layout is safe), up to 4 EP ranks (the
+# condition does not depend on more) and 3 steps (two rounds, or two with a step between)
+ONE_FORMAT = step_sequences(max_ep=4, max_steps=3, formats_change=False, within_cap=True,
+                            growing=True)
+LEGEND = ("`cross-round`: FlashInfer 0.7.2's cross-round race (a hazard of the stack: "
+          "docs/flashinfer.md, \"Two rounds on one workspace\"), \"exposed\" where the release's "
+          "runtimes let round n+1's receive planes reach round n's combine input, with the two "
+          "rounds shrunk; no pinned release runs on 0.7.4, whose layout closes it")
+
+
+def engine_worlds(policy):
+    """The world the policy's engine runs for each drawn step, on the sequence's workspace
+    (the cap stays: one allocation)."""
+    if not isinstance(policy, properties.EnginePolicy):
+        return lambda world: world
+    return lambda world: policy.engine_world(world, keep_cap=True)  # NotApplicable: no round
+
+
+@dataclass(frozen=True)
+class CrossRound:
+    """What one policy's sizing does to 0.7.2's layout along sequences of steps."""
+
+    version: str  # the generation searched
+    example: Optional[Tuple[World, ...]]  # shrunk sequence with rows at risk; None: closed
+    detail: str = ""
+
+    @property
+    def exposed(self) -> bool:
+        return self.example is not None
+
+
+def _two_rounds(policy, seq: Tuple[World, ...]):
+    """The first two consecutive A2A rounds of ``seq`` with rows at risk (steps between them
+    that run no round dropped), their runtimes and the rows at risk per reader rank."""
+    worlds_of = engine_worlds(policy)
+    runtimes = runtimes_along(policy, seq, worlds_of)
+    rounds = [(w, r) for w, r in zip(seq, runtimes) if r is not None and r <= w.max_num_tokens]
+    for (a, ra), (b, rb) in zip(rounds, rounds[1:]):
+        risk = rows_at_risk(worlds_of(a).layout(ra), worlds_of(b).layout(rb))
+        if any(risk):
+            return (a, b), (ra, rb), risk
+    raise AssertionError(f"no two rounds with rows at risk in {seq!r}")
+
+
+def first_exposed(policy, examples) -> Optional[Tuple[World, ...]]:
+    """The first of recorded ``examples`` (sequences of ``ONE_FORMAT``) that exposes the
+    hazard: the same search as ``search`` without shrinking, for the tests and the compat
+    table."""
+    from strategies.search import first_in
+
+    return first_in(examples, lambda seq: exposes_cross_round(policy, seq, engine_worlds(policy)))
+
+
+def search(policy, max_examples: int = EXAMPLES) -> CrossRound:
+    """The two rounds (shrunk) on which ``policy``'s runtimes let the session generation's
+    layout grow over the previous round's combine input, or "closed"."""
+    found = minimal(ONE_FORMAT, lambda seq: exposes_cross_round(policy, seq,
+                                                                engine_worlds(policy)),
+                    max_examples)
+    if found is None:
+        return CrossRound(active().version, None)
+    pair, (ra, rb), risk = _two_rounds(policy, found)
+    worlds_of = engine_worlds(policy)
+    return CrossRound(active().version, (worlds_of(pair[0]), worlds_of(pair[1])),
+                      f"runtime {ra} -> {rb} puts {sum(risk)} of round n's combine rows at risk "
+                      f"on FlashInfer {active().version} (per reader rank {list(risk)})")
