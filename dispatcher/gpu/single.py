@@ -99,12 +99,61 @@ class SingleGpuA2A:
         return dict(_byte_model(world.ep_size, world.max_num_tokens, moe.dispatch_bytes,
                                 moe.combine_bytes, world.workspace_size))
 
-    def _run(self, world: World, runtimes: Sequence[int]) -> GpuRoundTrip:
+    # --- the per-generation steps (``gpu/sequence.py`` runs rounds back to back on them) ----
+    def space(self, world: World) -> _Workspace:
+        """The workspace ``world`` runs on (kept per (W, cap, size))."""
+        return self._workspace(world.ep_size, world.max_num_tokens, world.workspace_size)
+
+    def _device_inputs(self, inputs) -> List[torch.Tensor]:
+        """Every rank's expert ids and payload rows on the device, rank after rank."""
+        return torch_ops.to_torch_rows(
+            [a for inp in inputs for a in (inp.expert_ids, *inp.payload_rows)], self.device)
+
+    def _launch_dispatch(self, world: World, runtimes: Sequence[int], space: _Workspace, dev,
+                         streams) -> Tuple[list, list]:
+        """Every rank's dispatch on its own stream, launched before any is waited for: each
+        rank's receive planes and combine offset."""
         _, ops = comm()
+        moe, W = world.moe, world.ep_size
+        per = len(moe.payloads) + 1
+        main = torch.cuda.current_stream(self.device)
+        recv, combine_offsets = [], []
+        try:
+            for r in range(W):  # launch every rank before waiting on any
+                torch.cuda.set_stream(streams[r])
+                ids, *rows = dev[r * per:(r + 1) * per]
+                payloads = [torch_ops.typed(t, spec.name) for t, spec in zip(rows, moe.payloads)]
+                out, comb_off, _ = ops.moe_a2a_dispatch(
+                    ids.view(torch.int32), payloads, space.ws, space.metainfo[r], runtimes[r], r,
+                    W, moe.top_k, moe.num_experts, enable_pdl=self._pdl,
+                    recv_view_cache=space.views)
+                combine_offsets.append(comb_off)
+                recv.append(out)
+        finally:
+            torch.cuda.set_stream(main)
+        return recv, combine_offsets
+
+    def _launch_combine(self, world: World, runtimes: Sequence[int], space: _Workspace, outs,
+                        combine_offsets, streams) -> List[torch.Tensor]:
+        """Every rank's combine on its own stream: each rank's combined rows."""
+        _, ops = comm()
+        moe, W = world.moe, world.ep_size
+        main = torch.cuda.current_stream(self.device)
+        results = []
+        try:
+            for r in range(W):
+                torch.cuda.set_stream(streams[r])
+                results.append(ops.moe_a2a_combine(
+                    outs[r], world.rows_per_rank[r], space.ws, space.metainfo[r], runtimes[r], r,
+                    W, moe.top_k, combine_offsets[r], enable_pdl=self._pdl))
+        finally:
+            torch.cuda.set_stream(main)
+        return results
+
+    def _run(self, world: World, runtimes: Sequence[int]) -> GpuRoundTrip:
         moe, W, cap = world.moe, world.ep_size, world.max_num_tokens
-        specs = moe.payloads
         size = world.workspace_size
-        space = self._workspace(W, cap, size)
+        space = self.space(world)
         ws = space.ws
         aux = aux_offsets(W, cap)
         model = self.byte_model(world)
@@ -112,29 +161,14 @@ class SingleGpuA2A:
         model["recv_counters_offset"] = (aux.recv_counters, space.recv_counters_offset)
 
         inputs = make_inputs(world)
-        per = len(specs) + 1
-        dev = torch_ops.to_torch_rows(
-            [a for inp in inputs for a in (inp.expert_ids, *inp.payload_rows)], self.device)
+        dev = self._device_inputs(inputs)
         ws[:, aux.payload_data:].fill_(POISON)
         streams = self._streams_for(W)
         main = torch.cuda.current_stream(self.device)
         ready = main.record_event()
         for s in streams:
             s.wait_event(ready)
-        combine_offsets, recv = [], []
-        try:
-            for r in range(W):  # launch every rank before waiting on any
-                torch.cuda.set_stream(streams[r])
-                ids, *rows = dev[r * per:(r + 1) * per]
-                payloads = [torch_ops.typed(t, spec.name) for t, spec in zip(rows, specs)]
-                out, comb_off, _ = ops.moe_a2a_dispatch(
-                    ids.view(torch.int32), payloads, ws, space.metainfo[r], runtimes[r], r, W,
-                    moe.top_k, moe.num_experts, enable_pdl=self._pdl,
-                    recv_view_cache=space.views)
-                combine_offsets.append(comb_off)
-                recv.append(out)
-        finally:
-            torch.cuda.set_stream(main)
+        recv, combine_offsets = self._launch_dispatch(world, runtimes, space, dev, streams)
         for s in streams:
             main.wait_stream(s)
         model["combine_payload_offset"] = (world.layout(runtimes[0]).combine_offset,
@@ -151,15 +185,7 @@ class SingleGpuA2A:
         ready = main.record_event()
         for s in streams:
             s.wait_event(ready)
-        results = []
-        try:
-            for r in range(W):
-                torch.cuda.set_stream(streams[r])
-                results.append(ops.moe_a2a_combine(
-                    outs[r], world.rows_per_rank[r], ws, space.metainfo[r], runtimes[r], r, W,
-                    moe.top_k, combine_offsets[r], enable_pdl=self._pdl))
-        finally:
-            torch.cuda.set_stream(main)
+        results = self._launch_combine(world, runtimes, space, outs, combine_offsets, streams)
         for s in streams:
             main.wait_stream(s)
         guard = (space.full[:, size:] == GUARD_BYTE).all()

@@ -218,9 +218,61 @@ class SingleGpuA2A074:
             moe.top_k, moe.num_experts, None, False, -1, INVALID_EXPERT_ID, False, False, None,
             TIMEOUT_S, self._pdl)
 
+    # --- the per-generation steps (``gpu/sequence.py`` runs rounds back to back on them) ----
+    def space(self, world: World) -> _Workspace:
+        return self._workspace(world)
+
+    def _device_inputs(self, inputs) -> List[torch.Tensor]:
+        return torch_ops.to_torch_rows(
+            [a for inp in inputs for a in (inp.expert_ids, *inp.payload_rows)], self.device)
+
+    def _launch_dispatch(self, world: World, runtimes: Sequence[int], space: _Workspace, dev,
+                         streams) -> Tuple[list, list]:
+        """Every rank's dispatch on its own stream, launched before any is waited for: each
+        rank's receive planes ``[W, R, n]`` and combine offset (rank 0's offsets are kept for
+        the byte model)."""
+        moe, W, ws = world.moe, world.ep_size, space.ws
+        per = len(moe.payloads) + 1
+        main = torch.cuda.current_stream(self.device)
+        recv, combine_offsets = [], []
+        try:
+            for r in range(W):  # launch every rank before waiting on any
+                torch.cuda.set_stream(streams[r])
+                ids, *rows = dev[r * per:(r + 1) * per]
+                payloads = [torch_ops.typed(t, s.name) for t, s in zip(rows, moe.payloads)]
+                offsets, comb_off, _ = self._dispatch(r, world, runtimes[r], space, ids, payloads)
+                R = runtimes[r]
+                recv.append([ws[r].narrow(0, int(o), W * R * p.shape[1] * p.element_size())
+                             .view(p.dtype).view(W, R, p.shape[1])
+                             for o, p in zip(offsets, payloads)])
+                combine_offsets.append(int(comb_off))
+                if r == 0:
+                    self._rank0_offsets = ([int(o) for o in offsets], int(comb_off))
+        finally:
+            torch.cuda.set_stream(main)
+        return recv, combine_offsets
+
+    def _launch_combine(self, world: World, runtimes: Sequence[int], space: _Workspace, outs,
+                        combine_offsets, streams) -> List[torch.Tensor]:
+        """Every rank's combine on its own stream: each rank's combined rows."""
+        moe, W = world.moe, world.ep_size
+        results = [torch.empty(world.rows_per_rank[r], moe.hidden_size, dtype=torch.bfloat16,
+                               device=self.device) for r in range(W)]
+        main = torch.cuda.current_stream(self.device)
+        try:
+            for r in range(W):
+                torch.cuda.set_stream(streams[r])
+                payload = outs[r].reshape(W, runtimes[r], moe.hidden_size).contiguous()
+                module().moe_a2a_combine(
+                    payload, world.rows_per_rank[r], space.ws, space.metainfo, runtimes[r], r, W,
+                    moe.top_k, combine_offsets[r], False, False, False, False, None, results[r],
+                    TIMEOUT_S, self._pdl, False)
+        finally:
+            torch.cuda.set_stream(main)
+        return results
+
     def _run(self, world: World, runtimes: List[int]) -> GpuRoundTrip:
         moe, W = world.moe, world.ep_size
-        specs = moe.payloads
         space = self._workspace(world)
         ws = space.ws
         model = self.byte_model(world)
@@ -228,9 +280,8 @@ class SingleGpuA2A074:
                            w074.dispatch_capacity(W, world.max_num_tokens, moe.dispatch_bytes),
                            w074.combine_capacity(W, world.max_num_tokens, moe.combine_bytes))
         inputs = make_inputs(world)
-        per = len(specs) + 1
-        dev = torch_ops.to_torch_rows(
-            [a for inp in inputs for a in (inp.expert_ids, *inp.payload_rows)], self.device)
+        per = len(moe.payloads) + 1
+        dev = self._device_inputs(inputs)
         refused = self._refused(world, runtimes, space, dev, per)
         if refused:
             return GpuRoundTrip(tuple(refused), model)
@@ -241,24 +292,11 @@ class SingleGpuA2A074:
         ready = main.record_event()
         for s in streams:
             s.wait_event(ready)
-        recv, combine_offsets = [], []
-        try:
-            for r in range(W):  # launch every rank before waiting on any
-                torch.cuda.set_stream(streams[r])
-                ids, *rows = dev[r * per:(r + 1) * per]
-                payloads = [torch_ops.typed(t, s.name) for t, s in zip(rows, specs)]
-                offsets, comb_off, _ = self._dispatch(r, world, runtimes[r], space, ids, payloads)
-                R = runtimes[r]
-                recv.append([ws[r].narrow(0, int(o), W * R * p.shape[1] * p.element_size())
-                             .view(p.dtype).view(W, R, p.shape[1])
-                             for o, p in zip(offsets, payloads)])
-                combine_offsets.append(int(comb_off))
-                if r == 0:
-                    lay = world.layout(R)
-                    model["recv_offsets"] = (list(lay.recv_offsets), [int(o) for o in offsets])
-                    model["combine_offset"] = (lay.combine_offset, int(comb_off))
-        finally:
-            torch.cuda.set_stream(main)
+        recv, combine_offsets = self._launch_dispatch(world, runtimes, space, dev, streams)
+        lay = world.layout(runtimes[0])
+        offsets, comb_off = self._rank0_offsets
+        model["recv_offsets"] = (list(lay.recv_offsets), offsets)
+        model["combine_offset"] = (lay.combine_offset, comb_off)
         for s in streams:
             main.wait_stream(s)
         # this round's bank, picked by flag_val as the kernel picks it: [W, W] int32 as bytes
@@ -276,21 +314,10 @@ class SingleGpuA2A074:
         else:
             outs = [torch_ops.expert_outputs(recv[r], runtimes[r], moe, r, W) for r in range(W)]
             poisoned = [poisoned_rows(recv[r]) for r in range(W)]
-        results = [torch.empty(world.rows_per_rank[r], moe.hidden_size, dtype=torch.bfloat16,
-                               device=self.device) for r in range(W)]
         ready = main.record_event()
         for s in streams:
             s.wait_event(ready)
-        try:
-            for r in range(W):
-                torch.cuda.set_stream(streams[r])
-                payload = outs[r].reshape(W, runtimes[r], moe.hidden_size).contiguous()
-                module().moe_a2a_combine(
-                    payload, world.rows_per_rank[r], ws, space.metainfo, runtimes[r], r, W,
-                    moe.top_k, combine_offsets[r], False, False, False, False, None, results[r],
-                    TIMEOUT_S, self._pdl, False)
-        finally:
-            torch.cuda.set_stream(main)
+        results = self._launch_combine(world, runtimes, space, outs, combine_offsets, streams)
         for s in streams:
             main.wait_stream(s)
         guard = (space.full[:, ws.shape[1]:] == GUARD_BYTE).all()
