@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from dispatcher.model.workspace import HIDDEN_MULTIPLE, PayloadFormat
 from dispatcher.model.world import DP_GLOBAL_KINDS
 
-from .worlds import GPU_SHAPES, group_token_counts, moe_configs, worlds
+from .worlds import GPU_SHAPES, group_token_counts, moe_configs, pool_worlds, worlds
 
-__all__ = ["step_sequences", "gpu_sequences", "MAX_STEPS"]
+__all__ = ["step_sequences", "gpu_sequences", "pool_sequences", "MAX_STEPS"]
 
 MAX_STEPS = 6
 
@@ -73,3 +73,14 @@ def gpu_sequences(max_ep: int = 8, max_steps: int = 4):
                           max_tokens=max(1, GPU_SHAPES.single_gpu_blocks // max_ep),
                           hidden_sizes=GPU_SHAPES.hidden_sizes, top_ks=GPU_SHAPES.top_ks,
                           formats_change=False, within_cap=True)
+
+
+@st.composite
+def pool_sequences(draw, ep_size: int, max_steps: int = 4):
+    """Sequences for the rank pool of ``ep_size`` ranks: the first step a pool world (its caps
+    and shapes), the later ones fresh counts within its cap and the pool's co-residency."""
+    first = draw(pool_worlds(ep_size))
+    max_tokens = min(first.max_num_tokens * first.attn_tp_size,
+                     max(1, GPU_SHAPES.pool_blocks // ep_size))
+    return (first, *draw(st.lists(_next_step(first, (first.moe.payload,), max_tokens),
+                                  min_size=1, max_size=max_steps - 1)))

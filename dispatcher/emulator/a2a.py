@@ -31,7 +31,7 @@ from .inputs import (RankInputs, decode_hidden, from_bf16_bits, make_inputs,
                      reference_outputs, stand_in_moe, to_bf16_bits)
 
 __all__ = ["SlotEvent", "IllegalAddress", "RankRefused", "A2AModel", "Round", "RoundTrip",
-           "round_trip", "BackToBack", "back_to_back",
+           "round_trip", "BackToBack", "back_to_back", "rounds_in_order",
            "expected_recv_counts", "emulated_bytes", "POISON", "MAX_EMULATED_BYTES"]
 
 POISON = 0xA5  # unused slots hold this, so stale rows are visible
@@ -465,6 +465,26 @@ def back_to_back(first: World, second: World, runtimes: Sequence[int],
     return BackToBack(late, tuple(out), tuple(reference_outputs(first, inputs)),
                       tuple(second_out), tuple(reference_outputs(second, next_inputs)),
                       model.overwritten[late], (rnd, nxt))
+
+
+def rounds_in_order(worlds: Sequence[World], runtimes: Sequence[Sequence[int]],
+                    inputs: Optional[Sequence[Sequence[RankInputs]]] = None
+                    ) -> Tuple[Tuple[Tuple[np.ndarray, ...], Tuple[np.ndarray, ...]], ...]:
+    """Rounds one after another on one workspace, never cleared (what an engine's rounds leave
+    behind is the next round's starting state), each round's reads before the next round's
+    writes: per round, every rank's combined output and its reference."""
+    first = worlds[0]
+    widest = max((w.moe.payloads for w in worlds),
+                 key=lambda ps: sum(p.bytes_per_token for p in ps))
+    model = A2AModel(first.ep_size, first.max_num_tokens, widest, first.moe.combine_bytes,
+                     first.generation)
+    out = []
+    for n, (world, R) in enumerate(zip(worlds, runtimes)):
+        inp = make_inputs(world) if inputs is None else inputs[n]
+        views, _ = model.dispatch(R, inp, world.moe.payloads)
+        combined = model.combine(R, _experts(world, R, views), world.rows_per_rank)
+        out.append((tuple(combined), tuple(reference_outputs(world, inp))))
+    return tuple(out)
 
 
 def _received_rows_ok(model: A2AModel, views, inputs) -> bool:

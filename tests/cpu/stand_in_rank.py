@@ -1,8 +1,9 @@
 """A stand-in EP rank for ``test_rank_pool_protocol.py``: it speaks the pool's protocol through
-the real ``_agree`` and no more, in a spawned process that imports only this (no pytest)."""
+the real ``rank_examples.agree`` and no more, in a spawned process that imports only this (no
+pytest)."""
 import os
 
-from dispatcher.gpu import rank_pool
+from dispatcher.gpu import rank_examples
 
 
 def serve_one(conn, rank, parent, behaviour):
@@ -11,7 +12,7 @@ def serve_one(conn, rank, parent, behaviour):
     if behaviour == "die":
         os._exit(3)
     try:
-        values = rank_pool._agree(state, [rank] * rank, key=7 if behaviour != "other world" else 8)
+        values = rank_examples.agree(state, [rank] * rank, key=7 if behaviour != "other world" else 8)
         conn.send(("ok", rank, values))
     except RuntimeError as exc:
         conn.send(("error", rank, f"{type(exc).__name__}: {exc}"))

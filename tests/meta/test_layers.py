@@ -24,7 +24,7 @@ LAYERS = {  # module prefix -> layer (lower is more basic)
 SUITE_PACKAGE = "dispatcher.suite"  # the tests, installed: the top layer, not checked here
 # Imported inside a function on purpose, named here so that nothing else creeps in:
 # rank processes resolve the --policy spec they are sent.
-ALLOWED_UPWARD = {("dispatcher.gpu.rank_pool", "dispatcher.policies")}
+ALLOWED_UPWARD = {("dispatcher.gpu.rank_examples", "dispatcher.policies")}
 
 
 def _layer(name: str) -> int:
