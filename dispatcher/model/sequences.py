@@ -40,6 +40,8 @@ def check_sequence(policy, seq: Sequence[World], name: str = "the rule",
     ``engine_worlds``: maps a step to the world the engine runs (``properties.world_for``).
     ``hold=False``: only the hazard; a step is not held to the properties, and one whose
     runtime no rank-invariant round can use (a crash, ranks that disagree) runs no round."""
+    if not seq:
+        return ()
     if len({(w.ep_size, w.max_num_tokens, w.moe.hidden_size, w.moe.top_k, w.moe.num_experts)
             for w in seq}) > 1:
         raise ValueError("the steps of a sequence run on one workspace: they share ep_size, "
