@@ -38,19 +38,23 @@ def pools():
         pool.close()
 
 
-def search(strategy, check_on_cpu, run_on_pool, where: str) -> None:
+def search(strategy, check_on_cpu, run_on_pool, where: str, max_examples=None) -> None:
     """A pool tier's search, shrinking where it is cheap. Each example runs ``check_on_cpu``
     (the exact CPU model: the policy's values and the properties) and then ``run_on_pool``.
     A failure the CPU model shows fails before the pool, so Hypothesis shrinks it on the CPU
     alone; the final replay of the shrunk example also runs it once on the pool and reports
     both. A failure only the pool shows is not shrunk (every try would be a pool round trip):
     once one is in hand, later tries skip the pool, and the example is reported as found.
-    Either way the message says which happened."""
-    from hypothesis import given
+    Either way the message says which happened. ``max_examples``: at most this many (the
+    profile's count if smaller), for examples that are each several pool round trips."""
+    from hypothesis import given, settings
     from hypothesis.control import current_build_context
 
     pool_failure = {}
+    limit = settings(max_examples=min(max_examples, settings().max_examples)) \
+        if max_examples else (lambda f: f)
 
+    @limit
     @given(world=strategy)
     def find(world):
         try:

@@ -10,6 +10,7 @@ from strategies import pool_worlds
 from .conftest import ep_sizes, on_pool, search
 
 pytestmark = pytest.mark.multi_gpu
+SEQUENCES = 50  # sequences per pool search (each one several rounds)
 
 
 @pytest.mark.parametrize("ep_size", ep_sizes())
@@ -74,7 +75,9 @@ def test_pool_rounds_back_to_back(ep_size, pools, policy, policy_spec):
             elif found:
                 raise RemoteMismatch("; ".join(found) + f"\nsequence: {engine(seq)!r}")
 
-    search(pool_sequences(ep_size), on_cpu, on_pool, where)
+    # each example is up to 4 rounds on every rank: 50 sequences are about as many rounds as
+    # the round-trip test's worlds under the gpu profile
+    search(pool_sequences(ep_size), on_cpu, on_pool, where, max_examples=SEQUENCES)
 
 
 @on_pool(2, "shared")
