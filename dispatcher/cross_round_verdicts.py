@@ -6,7 +6,8 @@ still read it (``model/cross_round.py``; docs/flashinfer.md, "Two rounds on one 
 Whether an engine's sizing lets the layout grow between consecutive rounds is a property of its
 runtimes along a sequence of steps: Hypothesis searches sequences of one model's steps (one
 format: only the sizing changes the layout, ``strategies.sequences``) through the engine's own
-file for two rounds with rows at risk, and shrinks the sequence to the shortest. A hazard of the
+file for two consecutive rounds with rows at risk, shrinks the sequence, and reports those two
+rounds. A hazard of the
 stack, never a failing test of the engine: "exposed" (with the shrunk sequence) or "closed".
 """
 from __future__ import annotations
@@ -18,9 +19,8 @@ from strategies.search import minimal
 from strategies.sequences import step_sequences
 
 from .model import properties
-from .model.cross_round import rows_at_risk
 from .model.generations import active
-from .model.sequences import exposes_cross_round, runtimes_along
+from .model.sequences import exposes_cross_round, round_pairs
 from .model.world import World
 
 __all__ = ["COLUMN", "EXAMPLES", "ONE_FORMAT", "CrossRound", "search", "first_exposed",
@@ -60,19 +60,6 @@ class CrossRound:
         return self.example is not None
 
 
-def _two_rounds(policy, seq: Tuple[World, ...]):
-    """The first two consecutive A2A rounds of ``seq`` with rows at risk (steps between them
-    that run no round dropped), their runtimes and the rows at risk per reader rank."""
-    worlds_of = engine_worlds(policy)
-    runtimes = runtimes_along(policy, seq, worlds_of)
-    rounds = [(w, r) for w, r in zip(seq, runtimes) if r is not None and r <= w.max_num_tokens]
-    for (a, ra), (b, rb) in zip(rounds, rounds[1:]):
-        risk = rows_at_risk(worlds_of(a).layout(ra), worlds_of(b).layout(rb))
-        if any(risk):
-            return (a, b), (ra, rb), risk
-    raise AssertionError(f"no two rounds with rows at risk in {seq!r}")
-
-
 def first_exposed(policy, examples) -> Optional[Tuple[World, ...]]:
     """The first of recorded ``examples`` (sequences of ``ONE_FORMAT``) that exposes the
     hazard: the same search as ``search`` without shrinking, for the tests and the compat
@@ -90,8 +77,10 @@ def search(policy, max_examples: int = EXAMPLES) -> CrossRound:
                     max_examples)
     if found is None:
         return CrossRound(active().version, None)
-    pair, (ra, rb), risk = _two_rounds(policy, found)
     worlds_of = engine_worlds(policy)
-    return CrossRound(active().version, (worlds_of(pair[0]), worlds_of(pair[1])),
+    pair = next(p for p in round_pairs(policy, found, worlds_of) if any(p.risk))
+    (ra, rb), risk = pair.runtimes, pair.risk
+    return CrossRound(active().version, (worlds_of(found[pair.before]),
+                                         worlds_of(found[pair.after])),
                       f"runtime {ra} -> {rb} puts {sum(risk)} of round n's combine rows at risk "
                       f"on FlashInfer {active().version} (per reader rank {list(risk)})")

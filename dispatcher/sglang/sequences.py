@@ -56,8 +56,9 @@ def _round(release: SGLangRelease, world: World, ctx: SGLangContext, outs):
 def check_steps(release: SGLangRelease, steps: Sequence[Step],
                 keys: Sequence[str]) -> Tuple[Optional[Tuple[int, ...]], ...]:
     """Every step in order against ``step_problem`` and the classes ``keys``;
-    ``SequenceFailure`` on the first step wrong. Returns, per pair of consecutive steps, the
-    cross-round rows at risk per reader rank (None where either runs no A2A round)."""
+    ``SequenceFailure`` on the first step wrong. Returns, for every step after the first, the
+    cross-round rows at risk per reader rank between the last round before it and its own
+    (None where it runs no A2A round, or none ran before it)."""
     hazards, prev = [], None
     for n, (world, ctx) in enumerate(steps, 1):
         try:
@@ -79,5 +80,6 @@ def check_steps(release: SGLangRelease, steps: Sequence[Step],
         if n > 1:
             hazards.append(None if prev is None or this is None
                            else rows_at_risk(prev[0], this[0], prev[1], this[1]))
-        prev = this
+        if this is not None:  # the workspace's latest round (a step with none leaves it)
+            prev = this
     return tuple(hazards)

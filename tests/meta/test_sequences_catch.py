@@ -5,7 +5,7 @@ import pytest
 
 from dispatcher.model.generations import using
 from dispatcher.model.properties import PropertyViolation, broken_columns
-from dispatcher.model.sequences import check_sequence
+from dispatcher.model.sequences import check_sequence, round_pairs
 from dispatcher.sizing import RankView, ideal_rule
 from strategies import worlds
 from strategies.search import assert_no_examples, first_in, minimal, visited
@@ -50,8 +50,8 @@ def test_the_cross_round_hazard_is_counted_between_rounds():
     with using("0.7.2"):
         seq = first_in(visited(step_sequences(), 300), _at_risk)
         assert seq is not None
-        risky = [i for i, r in enumerate(check_sequence(ideal_rule, seq)) if r and any(r)]
-        assert risky and _at_risk(seq[risky[0]:risky[0] + 2])
+        pair = next(p for p in round_pairs(ideal_rule, seq) if any(p.risk))
+        assert _at_risk((seq[pair.before], seq[pair.after]))
         assert check_sequence(ideal_rule, seq[:1]) == ()
     with using("0.7.4"):
         assert_no_examples(step_sequences(), _at_risk, 100)
