@@ -33,8 +33,9 @@ def step_sequences(draw, max_ep: int = 8, max_steps: int = MAX_STEPS, max_tokens
     one format runs: only the sizing changes the layout). ``within_cap``: every step's rows fit
     the cap (the steps a server runs without crashing: the hazard search's). ``growing``: each
     later step adds its drawn counts to the first step's (a search for layouts that grow)."""
-    first = draw(worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens, moe=lambda ep: moe_configs(
-        ep, hidden_sizes=hidden_sizes, top_ks=top_ks, max_experts_per_rank=2)))
+    first = draw(worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens,
+                        moe=lambda ep: moe_configs(ep, hidden_sizes=hidden_sizes, top_ks=top_ks,
+                                                   max_experts_per_rank=2)))
     moe = first.moe
     formats = tuple(f.value for f in PayloadFormat if moe.hidden_size % HIDDEN_MULTIPLE[f] == 0)
     if not formats_change:

@@ -1,6 +1,6 @@
 """Measure SGLang releases against every bug class and every property; print the tables.
 
-    python -m dispatcher.sglang_verdicts                     # every distinct release 0.5.10-0.5.23
+    python -m dispatcher.sglang_verdicts --engine sglang     # every distinct release 0.5.10-0.5.23
     python -m dispatcher.sglang_verdicts 0.5.23 /path/to/sglang
 
 Bug classes (``classes.py``): for each release and class, Hypothesis searches that class's
@@ -13,7 +13,6 @@ step, readable in docs/sglang.md and replayable with ``python -m dispatcher``.
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -28,12 +27,11 @@ from ..model.properties import COLUMNS, RuleCrashed, breaks, rule_values
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
 from .classes import BUG_CLASSES, BUGS, HAZARDS, check_step
-from .fetch import ReleaseError
 from .loader import SGLangRelease, release_from_spec
 from .sources import RELEASES
 
 __all__ = ["RELEASES", "CLASS_EXAMPLES", "PROPERTY_EXAMPLES", "Verdict", "class_verdicts",
-           "property_verdicts", "tables", "main"]
+           "property_verdicts", "tables"]
 
 CLASS_EXAMPLES = 300
 PROPERTY_EXAMPLES = 1500
@@ -126,18 +124,5 @@ def tables(specs) -> str:
                         + [CROSS_ROUND_LEGEND])
     return (f"{first}\n\n{legend}\n\n{second}\n\n" + "\n".join(f"- {n}" for n in notes)
             + f"\n\n(searched in {time.perf_counter() - t0:.0f} s: {CLASS_EXAMPLES} steps per "
-              f"class cell and sequences per cross-round cell, {PROPERTY_EXAMPLES} worlds per property cell, derandomized)")
-
-
-def main(argv=None) -> int:
-    specs = (sys.argv[1:] if argv is None else argv) or list(RELEASES)
-    try:
-        print(tables(specs))
-    except (ReleaseError, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+              f"class cell and sequences per cross-round cell, {PROPERTY_EXAMPLES} worlds per "
+              f"property cell, derandomized)")
