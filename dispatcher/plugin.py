@@ -146,9 +146,6 @@ def pinned_releases(load_release):
     return lambda template: Releases(lambda v: load_release(template.format(v)))
 
 
-# The FlashInfer generation whose API every pinned SGLang and vLLM release calls (each loads on
-# it: tests/sglang/test_releases.py and tests/vllm/test_releases.py check it, docs/flashinfer.md).
-PINNED_RELEASES_GENERATION = "0.7.2"
 
 
 @pytest.fixture(autouse=True)
@@ -166,7 +163,7 @@ def _engine_generation(request):
         if engine_spec(policy_spec, engine) == policy_spec:
             yield
             return
-    from dispatcher.model.generations import using
+    from dispatcher.model.generations import PINNED_RELEASES_GENERATION, using
 
     with using(PINNED_RELEASES_GENERATION):
         yield

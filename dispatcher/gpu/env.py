@@ -65,11 +65,12 @@ def flashinfer_missing() -> str:
         return "needs a GPU, found none (NVML / nvidia-smi)"
     if importlib.util.find_spec("flashinfer") is None:
         return "flashinfer is not installed (pip install -e '.[gpu]')"
-    from ..model.generations import UnknownGeneration, active, generation_of, installed_version
+    from ..model.generations import (DEFAULT, UnknownGeneration, active, generation_of,
+                                     installed_version)
 
     version = installed_version() or ""
     try:
-        kernels = generation_of(version or "0.7.2")
+        kernels = generation_of(version or DEFAULT)
     except UnknownGeneration as exc:
         return f"{exc}: the GPU tiers drive 0.7.2 and 0.7.4 (docs/flashinfer.md)"
     if active() != kernels:

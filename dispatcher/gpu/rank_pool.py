@@ -211,9 +211,9 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
         phase("process group", t)
         return {"backend": "gloo, emulated A2A", "cpu": dist.group.WORLD, "index": None,
                 "a2as": {}, "policies": {}, "engines": {}, "example": {}, "emulated": True}
-    from ..model.generations import generation_of, installed_version
+    from ..model.generations import DEFAULT, generation_of, installed_version
 
-    installed = generation_of(installed_version() or "0.7.2")
+    installed = generation_of(installed_version() or DEFAULT)
     torch.cuda.set_device(rank % n_gpus)
     torch.cuda.init()
     t = phase("cuda", t)

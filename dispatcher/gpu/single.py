@@ -209,9 +209,9 @@ def _byte_model(ep_size: int, cap: int, dispatch_bytes: int, combine_bytes: int,
 def for_installed(device: Optional[torch.device] = None):
     """The single-GPU driver of the installed FlashInfer: ``SingleGpuA2A`` (0.7.2) or
     ``single_074.SingleGpuA2A074`` (0.7.4), the same interface."""
-    from ..model.generations import generation_of, installed_version
+    from ..model.generations import DEFAULT, generation_of, installed_version
 
-    if generation_of(installed_version() or "0.7.2").kernel == "one_sided":
+    if generation_of(installed_version() or DEFAULT).kernel == "one_sided":
         from .single_074 import SingleGpuA2A074
 
         return SingleGpuA2A074(device)

@@ -19,11 +19,14 @@ from . import workspace as w072
 from . import workspace_074 as w074
 from .workspace import Layout, PayloadSpec
 
-__all__ = ["Generation", "GENERATIONS", "ENV", "DEFAULT", "active", "generation_of",
-           "installed_version", "UnknownGeneration", "replay_flag", "using"]
+__all__ = ["Generation", "GENERATIONS", "ENV", "DEFAULT", "PINNED_RELEASES_GENERATION", "active",
+           "generation_of", "installed_version", "UnknownGeneration", "replay_flag", "using"]
 
 ENV = "A2A_GATE_FLASHINFER"
 DEFAULT = "0.7.2"
+# The generation whose API every pinned SGLang and vLLM release calls (none runs on 0.7.4:
+# docs/flashinfer.md's engine x FlashInfer table); their verdicts are measured on it
+PINNED_RELEASES_GENERATION = "0.7.2"
 
 
 class UnknownGeneration(ValueError):

@@ -22,7 +22,7 @@ from strategies.search import minimal
 
 from ..cross_round_verdicts import COLUMN as CROSS_ROUND, LEGEND as CROSS_ROUND_LEGEND
 from ..cross_round_verdicts import search as cross_round_search
-from ..model.generations import using
+from ..model.generations import PINNED_RELEASES_GENERATION, using
 from ..model.properties import COLUMNS, RuleCrashed, breaks, rule_values
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
@@ -62,7 +62,7 @@ def class_verdicts(release: SGLangRelease, max_examples: int = CLASS_EXAMPLES) -
                         max_examples)
         detail = "" if found is None else check_step(release, key, *found).splitlines()[0]
         out[key] = Verdict(key, found, detail.split("] ", 1)[-1])
-    with using("0.7.2"):  # the only generation the pinned releases run on (docs/flashinfer.md)
+    with using(PINNED_RELEASES_GENERATION):  # the only one they run on (docs/flashinfer.md)
         hazard = cross_round_search(release, max_examples)
     out[CROSS_ROUND] = Verdict(
         CROSS_ROUND, (hazard.example, SGLangContext()) if hazard.exposed else None,

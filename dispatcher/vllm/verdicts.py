@@ -18,7 +18,7 @@ from strategies.vllm import VLLM_REGIMES, vllm_worlds
 
 from ..cross_round_verdicts import COLUMN as CROSS_ROUND, LEGEND as CROSS_ROUND_LEGEND
 from ..cross_round_verdicts import search as cross_round_search
-from ..model.generations import using
+from ..model.generations import PINNED_RELEASES_GENERATION, using
 from ..model.properties import broken_columns
 from ..model.world import World
 from .fetch import RELEASES
@@ -54,7 +54,7 @@ def regime_verdicts(release: VLLMRelease, max_examples: int = REGIME_EXAMPLES) -
 def _cross_round_cell(release: VLLMRelease, notes: List[str]) -> str:
     if release.side == "two-sided":
         return "n/a"
-    with using("0.7.2"):  # the only generation the pinned releases run on (docs/flashinfer.md)
+    with using(PINNED_RELEASES_GENERATION):  # the only one they run on (docs/flashinfer.md)
         hazard = cross_round_search(release, REGIME_EXAMPLES)
     if not hazard.exposed:
         return "closed"

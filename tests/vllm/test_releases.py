@@ -13,7 +13,7 @@ from .. import needs_torch
 NEEDS_TORCH = needs_torch(reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
 from dispatcher import cross_round_verdicts as cross_round  # noqa: E402
-from dispatcher.model.generations import using  # noqa: E402
+from dispatcher.model.generations import PINNED_RELEASES_GENERATION, using  # noqa: E402
 from dispatcher.model.world import World  # noqa: E402
 from dispatcher.vllm.verdicts import RELEASES, TWO_SIDED_REGIMES, broken_columns  # noqa: E402
 from strategies import vllm_worlds  # noqa: E402
@@ -54,7 +54,7 @@ def test_the_table_covers_every_release():
 def test_release_cross_round_hazard(releases, version):
     """Every one-sided cell of the cross-round column (the two-sided backend's kernels are
     not this A2A: "n/a")."""
-    with using("0.7.2"):
+    with using(PINNED_RELEASES_GENERATION):
         hit = cross_round.first_exposed(releases[0][version],
                                         visited(cross_round.ONE_FORMAT, EXAMPLES))
     assert (hit is not None) == (EXPECTED_CROSS_ROUND[version] == "exposed"), hit
