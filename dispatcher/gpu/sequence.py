@@ -52,7 +52,7 @@ def run_sequence(driver, worlds: Sequence[World], runtimes: Sequence[int]
     streams = driver._streams_for(W)
     main = torch.cuda.current_stream(driver.device)
     inputs = [make_inputs(world) for world in worlds]
-    devs = [driver._device_inputs(inp) for inp in inputs]
+    devs = [torch_ops.device_inputs(inp, driver.device) for inp in inputs]
     ready = main.record_event()  # every round's inputs are on the device
     for s in streams:
         s.wait_event(ready)

@@ -104,51 +104,32 @@ class SingleGpuA2A:
         """The workspace ``world`` runs on (kept per (W, cap, size))."""
         return self._workspace(world.ep_size, world.max_num_tokens, world.workspace_size)
 
-    def _device_inputs(self, inputs) -> List[torch.Tensor]:
-        """Every rank's expert ids and payload rows on the device, rank after rank."""
-        return torch_ops.to_torch_rows(
-            [a for inp in inputs for a in (inp.expert_ids, *inp.payload_rows)], self.device)
-
     def _launch_dispatch(self, world: World, runtimes: Sequence[int], space: _Workspace, dev,
                          streams) -> Tuple[list, list]:
         """Every rank's dispatch on its own stream, launched before any is waited for: each
         rank's receive planes and combine offset."""
         _, ops = comm()
         moe, W = world.moe, world.ep_size
-        per = len(moe.payloads) + 1
-        main = torch.cuda.current_stream(self.device)
-        recv, combine_offsets = [], []
-        try:
-            for r in range(W):  # launch every rank before waiting on any
-                torch.cuda.set_stream(streams[r])
-                ids, *rows = dev[r * per:(r + 1) * per]
-                payloads = [torch_ops.typed(t, spec.name) for t, spec in zip(rows, moe.payloads)]
-                out, comb_off, _ = ops.moe_a2a_dispatch(
-                    ids.view(torch.int32), payloads, space.ws, space.metainfo[r], runtimes[r], r,
-                    W, moe.top_k, moe.num_experts, enable_pdl=self._pdl,
-                    recv_view_cache=space.views)
-                combine_offsets.append(comb_off)
-                recv.append(out)
-        finally:
-            torch.cuda.set_stream(main)
-        return recv, combine_offsets
+
+        def dispatch(r):
+            ids, payloads = torch_ops.rank_inputs(dev, r, moe.payloads)
+            out, comb_off, _ = ops.moe_a2a_dispatch(
+                ids.view(torch.int32), payloads, space.ws, space.metainfo[r], runtimes[r], r, W,
+                moe.top_k, moe.num_experts, enable_pdl=self._pdl, recv_view_cache=space.views)
+            return out, comb_off
+        done = torch_ops.per_rank_on_streams(streams[:W], self.device, dispatch)
+        return [out for out, _ in done], [off for _, off in done]
 
     def _launch_combine(self, world: World, runtimes: Sequence[int], space: _Workspace, outs,
                         combine_offsets, streams) -> List[torch.Tensor]:
         """Every rank's combine on its own stream: each rank's combined rows."""
         _, ops = comm()
         moe, W = world.moe, world.ep_size
-        main = torch.cuda.current_stream(self.device)
-        results = []
-        try:
-            for r in range(W):
-                torch.cuda.set_stream(streams[r])
-                results.append(ops.moe_a2a_combine(
-                    outs[r], world.rows_per_rank[r], space.ws, space.metainfo[r], runtimes[r], r,
-                    W, moe.top_k, combine_offsets[r], enable_pdl=self._pdl))
-        finally:
-            torch.cuda.set_stream(main)
-        return results
+        def combine(r):
+            return ops.moe_a2a_combine(
+                outs[r], world.rows_per_rank[r], space.ws, space.metainfo[r], runtimes[r], r, W,
+                moe.top_k, combine_offsets[r], enable_pdl=self._pdl)
+        return torch_ops.per_rank_on_streams(streams[:W], self.device, combine)
 
     def _run(self, world: World, runtimes: Sequence[int]) -> GpuRoundTrip:
         moe, W, cap = world.moe, world.ep_size, world.max_num_tokens
@@ -161,7 +142,7 @@ class SingleGpuA2A:
         model["recv_counters_offset"] = (aux.recv_counters, space.recv_counters_offset)
 
         inputs = make_inputs(world)
-        dev = self._device_inputs(inputs)
+        dev = torch_ops.device_inputs(inputs, self.device)
         ws[:, aux.payload_data:].fill_(POISON)
         streams = self._streams_for(W)
         main = torch.cuda.current_stream(self.device)

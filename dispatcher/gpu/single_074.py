@@ -189,7 +189,7 @@ class SingleGpuA2A074:
         self._workspaces[key] = _Workspace(full, ws, meta)
         return self._workspaces[key]
 
-    def _refused(self, world: World, runtimes: List[int], space: _Workspace, dev, per) -> List[str]:
+    def _refused(self, world: World, runtimes: List[int], space: _Workspace, dev) -> List[str]:
         """Call FlashInfer first on every rank it would refuse (it raises before launching);
         returns the refusals, or [] when every rank's call is acceptable."""
         moe, W = world.moe, world.ep_size
@@ -197,8 +197,7 @@ class SingleGpuA2A074:
                     or world.rows_per_rank[r] > runtimes[r]]
         found = []
         for r in suspects:
-            ids, *rows = dev[r * per:(r + 1) * per]
-            payloads = [torch_ops.typed(t, s.name) for t, s in zip(rows, moe.payloads)]
+            ids, payloads = torch_ops.rank_inputs(dev, r, moe.payloads)
             try:
                 self._dispatch(r, world, runtimes[r], space, ids, payloads)
             except Exception as exc:  # noqa: BLE001 - TVM-FFI raises its own error types
@@ -222,35 +221,24 @@ class SingleGpuA2A074:
     def space(self, world: World) -> _Workspace:
         return self._workspace(world)
 
-    def _device_inputs(self, inputs) -> List[torch.Tensor]:
-        return torch_ops.to_torch_rows(
-            [a for inp in inputs for a in (inp.expert_ids, *inp.payload_rows)], self.device)
-
     def _launch_dispatch(self, world: World, runtimes: Sequence[int], space: _Workspace, dev,
                          streams) -> Tuple[list, list]:
         """Every rank's dispatch on its own stream, launched before any is waited for: each
         rank's receive planes ``[W, R, n]`` and combine offset (rank 0's offsets are kept for
         the byte model)."""
         moe, W, ws = world.moe, world.ep_size, space.ws
-        per = len(moe.payloads) + 1
-        main = torch.cuda.current_stream(self.device)
-        recv, combine_offsets = [], []
-        try:
-            for r in range(W):  # launch every rank before waiting on any
-                torch.cuda.set_stream(streams[r])
-                ids, *rows = dev[r * per:(r + 1) * per]
-                payloads = [torch_ops.typed(t, s.name) for t, s in zip(rows, moe.payloads)]
-                offsets, comb_off, _ = self._dispatch(r, world, runtimes[r], space, ids, payloads)
-                R = runtimes[r]
-                recv.append([ws[r].narrow(0, int(o), W * R * p.shape[1] * p.element_size())
-                             .view(p.dtype).view(W, R, p.shape[1])
-                             for o, p in zip(offsets, payloads)])
-                combine_offsets.append(int(comb_off))
-                if r == 0:
-                    self._rank0_offsets = ([int(o) for o in offsets], int(comb_off))
-        finally:
-            torch.cuda.set_stream(main)
-        return recv, combine_offsets
+
+        def dispatch(r):
+            ids, payloads = torch_ops.rank_inputs(dev, r, moe.payloads)
+            offsets, comb_off, _ = self._dispatch(r, world, runtimes[r], space, ids, payloads)
+            R = runtimes[r]
+            if r == 0:
+                self._rank0_offsets = ([int(o) for o in offsets], int(comb_off))
+            return ([ws[r].narrow(0, int(o), W * R * p.shape[1] * p.element_size())
+                     .view(p.dtype).view(W, R, p.shape[1]) for o, p in zip(offsets, payloads)],
+                    int(comb_off))
+        done = torch_ops.per_rank_on_streams(streams[:W], self.device, dispatch)
+        return [planes for planes, _ in done], [off for _, off in done]
 
     def _launch_combine(self, world: World, runtimes: Sequence[int], space: _Workspace, outs,
                         combine_offsets, streams) -> List[torch.Tensor]:
@@ -258,17 +246,14 @@ class SingleGpuA2A074:
         moe, W = world.moe, world.ep_size
         results = [torch.empty(world.rows_per_rank[r], moe.hidden_size, dtype=torch.bfloat16,
                                device=self.device) for r in range(W)]
-        main = torch.cuda.current_stream(self.device)
-        try:
-            for r in range(W):
-                torch.cuda.set_stream(streams[r])
-                payload = outs[r].reshape(W, runtimes[r], moe.hidden_size).contiguous()
-                module().moe_a2a_combine(
-                    payload, world.rows_per_rank[r], space.ws, space.metainfo, runtimes[r], r, W,
-                    moe.top_k, combine_offsets[r], False, False, False, False, None, results[r],
-                    TIMEOUT_S, self._pdl, False)
-        finally:
-            torch.cuda.set_stream(main)
+
+        def combine(r):
+            payload = outs[r].reshape(W, runtimes[r], moe.hidden_size).contiguous()
+            module().moe_a2a_combine(
+                payload, world.rows_per_rank[r], space.ws, space.metainfo, runtimes[r], r, W,
+                moe.top_k, combine_offsets[r], False, False, False, False, None, results[r],
+                TIMEOUT_S, self._pdl, False)
+        torch_ops.per_rank_on_streams(streams[:W], self.device, combine)
         return results
 
     def _run(self, world: World, runtimes: List[int]) -> GpuRoundTrip:
@@ -280,9 +265,8 @@ class SingleGpuA2A074:
                            w074.dispatch_capacity(W, world.max_num_tokens, moe.dispatch_bytes),
                            w074.combine_capacity(W, world.max_num_tokens, moe.combine_bytes))
         inputs = make_inputs(world)
-        per = len(moe.payloads) + 1
-        dev = self._device_inputs(inputs)
-        refused = self._refused(world, runtimes, space, dev, per)
+        dev = torch_ops.device_inputs(inputs, self.device)
+        refused = self._refused(world, runtimes, space, dev)
         if refused:
             return GpuRoundTrip(tuple(refused), model)
         ws[:, off.dispatch_payload:off.dispatch_payload + off.dispatch_payload_size].fill_(POISON)

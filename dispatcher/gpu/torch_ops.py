@@ -11,7 +11,7 @@ from ..model.workspace import PayloadFormat
 from ..model.world import MoeConfig, owners_of
 
 __all__ = ["decode_hidden", "stand_in_moe", "expert_outputs", "to_torch_rows", "read_back",
-           "typed"]
+           "typed", "device_inputs", "rank_inputs", "per_rank_on_streams"]
 
 
 def decode_hidden(planes, fmt: PayloadFormat, hidden_size: int) -> torch.Tensor:
@@ -94,4 +94,31 @@ def read_back(tensors) -> list:
         at += f.numel()
         out.append((a.astype(np.uint32) << 16).view(np.float32) if t.dtype == torch.bfloat16
                    else a)
+    return out
+
+
+def device_inputs(inputs, device) -> list:
+    """Every rank's expert ids and payload rows on the device, rank after rank."""
+    return to_torch_rows([a for inp in inputs for a in (inp.expert_ids, *inp.payload_rows)],
+                         device)
+
+
+def rank_inputs(dev: list, rank: int, payloads) -> tuple:
+    """Rank ``rank``'s expert ids and typed payload rows out of ``device_inputs``."""
+    per = len(payloads) + 1
+    ids, *rows = dev[rank * per:(rank + 1) * per]
+    return ids, [typed(t, spec.name) for t, spec in zip(rows, payloads)]
+
+
+def per_rank_on_streams(streams, device, fn) -> list:
+    """``fn(r)`` for every rank ``r`` with its own stream current (every call launched before
+    any is waited for); the caller's stream is current again afterwards, even on an error."""
+    main = torch.cuda.current_stream(device)
+    out = []
+    try:
+        for r, stream in enumerate(streams):
+            torch.cuda.set_stream(stream)
+            out.append(fn(r))
+    finally:
+        torch.cuda.set_stream(main)
     return out
