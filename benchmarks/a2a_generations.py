@@ -9,7 +9,7 @@ and put the two side by side with ``--table``.
 Each figure: the median of 3 timed sets of ``--iters`` round trips (after a warm-up), in
 microseconds per round trip, with the spread (min-max of the 3). The kernels run as the GPU
 tiers drive them (``dispatcher/gpu/single.py`` for 0.7.2's functional API,
-``dispatcher/gpu/single_074.py`` for 0.7.4's raw module ops, fence path), the expert step is
+``dispatcher/gpu/one_sided.py`` for 0.7.4's raw module ops, fence path), the expert step is
 a copy of what arrived (no MoE compute), so the figure is the all-to-all itself.
 """
 from __future__ import annotations
@@ -43,10 +43,9 @@ def _setup(world):
     from dispatcher.emulator.inputs import make_inputs
     from dispatcher.gpu import torch_ops
     from dispatcher.gpu.single import for_installed
-    from dispatcher.model.generations import generation_of, installed_version
 
     drv = for_installed()
-    version = generation_of(installed_version()).version
+    version = drv.generation.version
     moe, W, R = world.moe, world.ep_size, world.max_num_tokens
     inputs = make_inputs(world)
     per = len(moe.payloads) + 1
@@ -57,35 +56,14 @@ def _setup(world):
                                                           moe.payloads)]) for r in range(W)]
     outs = [torch.zeros(W, R, moe.hidden_size, dtype=torch.bfloat16, device=drv.device)
             for _ in range(W)]
-    results = [torch.empty(R, moe.hidden_size, dtype=torch.bfloat16, device=drv.device)
-               for _ in range(W)]
     offsets = [None] * W
-    if version == "0.7.4":
-        from dispatcher.gpu.single_074 import TIMEOUT_S, module
+    space = drv.space(world)
 
-        space = drv._workspace(world)
+    def dispatch(r):
+        offsets[r] = drv.ops.dispatch(r, world, R, space, *ranks[r])[1]
 
-        def dispatch(r):
-            offsets[r] = int(drv._dispatch(r, world, R, space, *ranks[r])[1])
-
-        def combine(r):
-            module().moe_a2a_combine(outs[r], R, space.ws, space.metainfo, R, r, W, moe.top_k,
-                                     offsets[r], False, False, False, False, None, results[r],
-                                     TIMEOUT_S, drv._pdl, False)
-    else:
-        from dispatcher.gpu.flashinfer import comm
-
-        _, ops = comm()
-        space = drv._workspace(W, R, world.workspace_size)
-
-        def dispatch(r):
-            offsets[r] = ops.moe_a2a_dispatch(
-                ranks[r][0], ranks[r][1], space.ws, space.metainfo[r], R, r, W, moe.top_k,
-                moe.num_experts, enable_pdl=drv._pdl, recv_view_cache=space.views)[1]
-
-        def combine(r):
-            ops.moe_a2a_combine(outs[r], R, space.ws, space.metainfo[r], R, r, W, moe.top_k,
-                                offsets[r], enable_pdl=drv._pdl)
+    def combine(r):
+        drv.ops.combine(r, world, R, space, outs[r], offsets[r])
     return drv, version, dispatch, combine
 
 

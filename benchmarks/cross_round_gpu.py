@@ -38,10 +38,10 @@ env.apply()  # CUDA_DEVICE_MAX_CONNECTIONS etc., before CUDA starts
 
 import torch  # noqa: E402
 
-from dispatcher.model import workspace as w072  # noqa: E402
+from dispatcher.model import mnnvl as w072  # noqa: E402
 from dispatcher.model.cross_round import rows_at_risk  # noqa: E402
 from dispatcher.model.generations import generation_of, installed_version  # noqa: E402
-from dispatcher.model.workspace import (  # noqa: E402
+from dispatcher.model.payloads import (  # noqa: E402
     PayloadFormat,
     combine_bytes_per_token,
     dispatch_payloads,
@@ -52,7 +52,8 @@ class Fi072:
     """0.7.2's functional API on our own ``[W, size]`` workspace (``gpu/single.py``)."""
 
     def __init__(self, W, cap, H, dev):
-        from dispatcher.gpu.flashinfer import comm, pdl_default
+        from dispatcher.gpu.mnnvl import comm
+        from dispatcher.gpu.torch_ops import pdl_default
 
         self.ops, self.W, self.pdl = comm()[1], W, pdl_default(dev)
         size = self.ops.moe_a2a_get_workspace_size_per_rank(W, cap, 2 * H + 8 * W, 2 * H)
@@ -72,18 +73,18 @@ class Fi072:
 
 
 class Fi074:
-    """0.7.4's raw module, fence path (``gpu/single_074.py``'s ``RawA2A074``)."""
+    """0.7.4's raw module, fence path (``gpu/one_sided.py``'s ``RawA2A``)."""
 
     def __init__(self, W, cap, H, dev):
-        from dispatcher.gpu.flashinfer import pdl_default
-        from dispatcher.gpu.single_074 import RawA2A074, flashinfer_layout, layout_index, module
+        from dispatcher.gpu.torch_ops import pdl_default
+        from dispatcher.gpu.one_sided import RawA2A, flashinfer_layout, metainfo_index, module
 
         meta = flashinfer_layout(W, cap, W, 2 * H + 8 * W, 2 * H)
-        size = int(meta[layout_index()["WORKSPACE_SIZE_INDEX"]])
+        size = int(meta[metainfo_index()["WORKSPACE_SIZE_INDEX"]])
         self.ws = torch.zeros((W, size), dtype=torch.uint8, device=dev)
         for r in range(W):
             module().moe_a2a_initialize(self.ws, meta, r, W)
-        self.ranks = [RawA2A074(self.ws, meta, r, W, W, W, H, pdl_default(dev)) for r in range(W)]
+        self.ranks = [RawA2A(self.ws, meta, r, W, W, W, H, pdl_default(dev)) for r in range(W)]
 
     def dispatch(self, r, x, ids, w, R):
         out = self.ranks[r].dispatch(x, ids, w, runtime_max_tokens_per_rank=R).hidden_states

@@ -151,8 +151,8 @@ def _rank(rank, ep_size, port, cap, points, iters, warmup, q):
     import torch
     import torch.distributed as dist
 
-    from dispatcher.gpu.flashinfer import new_moe_alltoall
-    from dispatcher.model.workspace import workspace_size_per_rank
+    from dispatcher.gpu.mnnvl import new_moe_alltoall
+    from dispatcher.model.mnnvl import workspace_size_per_rank
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -80,7 +80,7 @@ def search(policy, max_examples: int = EXAMPLES) -> CrossRound:
     worlds_of = engine_worlds(policy)
     pair = next(p for p in round_pairs(policy, found, worlds_of) if any(p.risk))
     (ra, rb), risk = pair.runtimes, pair.risk
-    return CrossRound(active().version, (worlds_of(found[pair.before]),
-                                         worlds_of(found[pair.after])),
+    before, after = worlds_of(found[pair.before]), worlds_of(found[pair.after])
+    return CrossRound(after.flashinfer, (before, after),
                       f"runtime {ra} -> {rb} puts {sum(risk)} of round n's combine rows at risk "
-                      f"on FlashInfer {active().version} (per reader rank {list(risk)})")
+                      f"on {after.generation} (per reader rank {list(risk)})")

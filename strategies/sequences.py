@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from dispatcher.model.workspace import HIDDEN_MULTIPLE, PayloadFormat
+from dispatcher.model.payloads import HIDDEN_MULTIPLE, PayloadFormat
 from dispatcher.model.world import DP_GLOBAL_KINDS
 
 from .worlds import GPU_SHAPES, group_token_counts, moe_configs, pool_worlds, worlds

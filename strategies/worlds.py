@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence, Tuple
 from hypothesis import strategies as st
 
 from dispatcher.model.generations import active
-from dispatcher.model.workspace import HIDDEN_MULTIPLE, PayloadFormat
+from dispatcher.model.payloads import HIDDEN_MULTIPLE, PayloadFormat
 from dispatcher.model.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
 from dispatcher.sizing import ceil_align
 

@@ -24,8 +24,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..model.generations import Generation, active
-from ..model.workspace import INT32, Layout, PayloadSpec
-from ..model.workspace_074 import round_parity
+from ..model.payloads import INT32, Layout, PayloadSpec
+from ..model.one_sided import round_parity
 from ..model.world import World
 from .inputs import (RankInputs, decode_hidden, from_bf16_bits, make_inputs,
                      reference_outputs, stand_in_moe, to_bf16_bits)
@@ -43,15 +43,17 @@ class IllegalAddress(RuntimeError):
 
 
 class RankRefused(RuntimeError):
-    """FlashInfer 0.7.4's dispatch op refused some ranks' calls ("Local token count exceeds the
-    runtime capacity"); the ranks it accepted launched and wait for the refused ones."""
+    """The dispatch op of a generation that checks a rank's own rows refused some ranks' calls
+    ("Local token count exceeds the runtime capacity"); the ranks it accepted launched and wait
+    for the refused ones."""
 
-    def __init__(self, refused: Sequence[int], runtimes: Sequence[int], rows: Sequence[int]):
+    def __init__(self, refused: Sequence[int], runtimes: Sequence[int], rows: Sequence[int],
+                 generation: str = "FlashInfer"):
         self.refused = tuple(refused)
         self.waiting = tuple(r for r in range(len(runtimes)) if r not in self.refused)
         detail = ", ".join(f"rank {r}: {rows[r]} rows > runtime {runtimes[r]}" for r in refused)
         super().__init__(
-            f"FlashInfer 0.7.4 refuses the dispatch on {len(self.refused)} rank(s) ({detail}): "
+            f"{generation} refuses the dispatch on {len(self.refused)} rank(s) ({detail}): "
             f"RuntimeError 'Local token count exceeds the runtime capacity'. "
             + (f"Ranks {list(self.waiting)} launched and wait for them until timeout_sec, then "
                f"trap (the CUDA context is lost)." if self.waiting else ""))
@@ -193,7 +195,7 @@ class A2AModel:
             rows = [inp.owners.shape[0] for inp in inputs]
             refused = [r for r in range(W) if rows[r] > runtimes[r]]
             if refused:
-                raise RankRefused(refused, runtimes, rows)
+                raise RankRefused(refused, runtimes, rows, str(self.generation))
         self.flag_val += 1  # moeA2APrepareDispatchKernel
         self._ensure(max(lay.bytes_needed for lay in layouts))
         self.round = Round(tuple(runtimes), payloads, layouts, tuple(inputs),

@@ -13,7 +13,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from ..model.workspace import PayloadFormat
+from ..model.payloads import PayloadFormat
 from ..model.world import World, owned_experts, owners_of
 
 __all__ = ["RankInputs", "make_inputs", "encode_hidden", "decode_hidden", "expert_scale",

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..emulator.a2a import A2AModel
 from ..emulator.inputs import RankInputs
-from ..model.workspace import PayloadSpec
+from ..model.payloads import PayloadSpec
 from ..model.world import owners_of
 
 __all__ = ["EmulatedMoeAlltoAll"]

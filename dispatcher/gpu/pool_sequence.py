@@ -74,7 +74,6 @@ def _emulated(state, rank, worlds, values) -> List[List[str]]:
 def _later_rounds(state, rank, ep_size, worlds, runtimes):
     """Rounds 2.. on this rank's stream, back to back: each rank's combined rows (on the
     device) and their references (on the host)."""
-    import torch
 
     from ..emulator.inputs import make_inputs, reference_outputs
     from . import torch_ops
@@ -85,21 +84,7 @@ def _later_rounds(state, rank, ep_size, worlds, runtimes):
         inp = make_inputs(world)[rank]
         ids, *rows = torch_ops.to_torch_rows([inp.expert_ids, *inp.payload_rows], "cuda")
         payloads = [torch_ops.typed(t, sp.name) for t, sp in zip(rows, moe.payloads)]
-        if state["kernel"] == "one_sided":
-            a2a = state["a2as"][(world.max_num_tokens, moe.top_k, moe.hidden_size, moe.payload,
-                                 moe.num_experts)]["a2a"]
-            scale = payloads[1] if len(payloads) == 4 else None
-            res = a2a.dispatch(payloads[0], ids.view(torch.int32), payloads[-1],
-                               hidden_states_scale=scale, runtime_max_tokens_per_rank=R)
-            planes = [res.hidden_states] + ([res.hidden_states_scale] if scale is not None
-                                            else [])
-            recv = [p.view(ep_size, R, -1) for p in planes + [res.topk_ids, res.topk_weights]]
-            out = a2a.combine(torch_ops.expert_outputs(recv, R, moe, rank, ep_size))
-        else:
-            a2a = state["a2as"][world.max_num_tokens]
-            a2a.top_k, a2a.num_experts = moe.top_k, moe.num_experts
-            recv = a2a.dispatch(ids.view(torch.int32), payloads, R)
-            out = a2a.combine(torch_ops.expert_outputs(recv, R, moe, rank, ep_size), R)
+        out = state["ops"].pool_round(state, rank, ep_size, world, R, ids, payloads)
         outs.append(out)
         refs.append(reference_outputs(world, [inp])[0])
     return outs, refs

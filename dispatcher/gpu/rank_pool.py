@@ -40,7 +40,8 @@ from multiprocessing.reduction import ForkingPickler
 
 from ..model.generations import active, using
 from . import env
-from .rank_examples import (AgreementAborted, RankRefused074, alive, one_world,
+from .checks import KernelRefused
+from .rank_examples import (AgreementAborted, alive, one_world,
                             run_sglang_example)
 
 __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",
@@ -176,7 +177,7 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
                 continue
             from ..emulator.a2a import RankRefused
 
-            if isinstance(exc, (RankRefused, RankRefused074)):  # 0.7.4: nothing launched
+            if isinstance(exc, (RankRefused, KernelRefused)):  # nothing launched
                 conn.send(("refused", rank, text))
                 continue
             if kind == "sglang" and not state["example"].get("launched"):
@@ -223,15 +224,12 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
                             device_id=torch.device("cuda", rank % n_gpus) if backend == "nccl" else None)
     cpu = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     t = phase("process group", t)
-    if installed.kernel == "one_sided":
-        from .single_074 import layout_index as metainfo_index
-    else:
-        from .flashinfer import metainfo_index
-    index = metainfo_index()
+    ops = installed.gpu()
+    index = ops.metainfo_index()
     phase("flashinfer", t)
     return {"backend": backend, "cpu": cpu, "index": index, "a2as": {},
             "policies": {}, "engines": {}, "example": {}, "emulated": False,
-            "generation": installed.version, "kernel": installed.kernel}
+            "generation": installed.version, "ops": ops}
 
 
 class RankPool:

@@ -2,7 +2,7 @@
 
 An engine runs one A2A round after another on one workspace with no host synchronisation
 between them. ``run_sequence`` does the same with the single-GPU driver of either generation
-(``single.py``, ``single_074.py``): every rank on its own stream, rank ``r``'s dispatch of round
+(``single.py`` over the generation's ops): every rank on its own stream, rank ``r``'s dispatch of round
 n+1 ordered only after its own combine of round n (no host sync, no cross-rank wait between
 rounds); within a round the stand-in MoE on the main stream reads every rank's received rows,
 as an MoE layer would. The host synchronises once, at the end, and every round's combined

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import torch
 
-from ..model.workspace import PayloadFormat
+from ..model.payloads import PayloadFormat
 from ..model.world import MoeConfig, owners_of
 
 __all__ = ["decode_hidden", "stand_in_moe", "expert_outputs", "to_torch_rows", "read_back",
-           "typed", "device_inputs", "rank_inputs", "per_rank_on_streams"]
+           "typed", "device_inputs", "rank_inputs", "per_rank_on_streams", "pdl_default"]
 
 
 def decode_hidden(planes, fmt: PayloadFormat, hidden_size: int) -> torch.Tensor:
@@ -122,3 +122,11 @@ def per_rank_on_streams(streams, device, fn) -> list:
     finally:
         torch.cuda.set_stream(main)
     return out
+
+
+def pdl_default(device) -> bool:
+    """What FlashInfer's ``enable_pdl=None`` resolves to on ``device`` (programmatic dependent
+    launch from sm_90 on), asked once instead of on every launch."""
+    from flashinfer.utils import device_support_pdl
+
+    return bool(device_support_pdl(device))

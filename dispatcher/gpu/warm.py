@@ -35,7 +35,7 @@ def _single_gpu():
     from .single import for_installed
 
     env.apply()  # before this process's CUDA starts (CUDA_DEVICE_MAX_CONNECTIONS among them)
-    return for_installed()  # the installed FlashInfer's generation (0.7.2 or 0.7.4)
+    return for_installed()  # on the installed FlashInfer's kernels
 
 
 # xdist group -> how its resource is made

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
-from .workspace import Layout
+from .payloads import Layout
 
 __all__ = ["rows_at_risk", "grows_over"]
 

@@ -1,11 +1,15 @@
 """The FlashInfer A2A generations the gate models, behind one interface.
 
 ``0.7.2`` (also 0.7.2.post1: the same A2A files) is ``MoeAlltoAll`` / ``moe_a2a_*`` over
-``trtllm_moe_alltoall.cu`` (byte model: ``workspace.py``); ``0.7.4`` is the NVLink one-sided
-rewrite behind ``flashinfer.moe_ep.NVLinkOneSidedAlltoAll`` (``workspace_074.py``). A session
-runs one generation: ``--flashinfer=0.7.2|0.7.4``, else the installed FlashInfer, else 0.7.2.
-The choice travels to xdist workers and rank processes in ``$A2A_GATE_FLASHINFER``, so every
-process of a run models the same kernels.
+``trtllm_moe_alltoall.cu`` (byte model: ``mnnvl.py``; GPU ops: ``gpu/mnnvl.py``); ``0.7.4`` is
+the NVLink one-sided rewrite behind ``flashinfer.moe_ep.NVLinkOneSidedAlltoAll``
+(``one_sided.py``; ``gpu/one_sided.py``). ``GENERATIONS`` is the one table of what differs
+between them: no code outside this module names a version or compares kernels.
+
+A session runs one generation: ``--flashinfer=0.7.2|0.7.4``, else the installed FlashInfer,
+else 0.7.2. A ``World`` carries its generation (``World.flashinfer``, bound when it is made);
+``$A2A_GATE_FLASHINFER`` only carries the session's choice to xdist workers and rank
+processes, so every process of a run models the same kernels.
 """
 from __future__ import annotations
 
@@ -15,9 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
-from . import workspace as w072
-from . import workspace_074 as w074
-from .workspace import Layout, PayloadSpec
+from . import mnnvl, one_sided
+from .payloads import Layout, PayloadSpec
 
 __all__ = ["Generation", "GENERATIONS", "ENV", "DEFAULT", "PINNED_RELEASES_GENERATION", "active",
            "generation_of", "installed_version", "UnknownGeneration", "replay_flag", "using"]
@@ -46,8 +49,10 @@ class Generation:
     checks_local_rows: bool  # the op refuses a rank whose own rows exceed its runtime
     fixed_combine_region: bool  # the combine input no longer follows the runtime
     module_name: str  # the JIT module behind it
+    gpu_ops: str  # the module of its GPU driver ops (imported only on a GPU host)
     _size: Callable[[int, int, Tuple[PayloadSpec, ...], int], int]
     _layout: Callable[..., Layout]
+    _recv_counters: Callable[[int, int, Tuple[PayloadSpec, ...], int], int]
 
     def workspace_size(self, ep_size: int, max_num_tokens: int,
                        payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> int:
@@ -71,34 +76,47 @@ class Generation:
 
     def recv_counters_offset(self, ep_size: int, max_num_tokens: int,
                              payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> int:
-        if self.kernel == "one_sided":
-            return _offsets_074(ep_size, max_num_tokens, payloads, combine_bytes).recv_counters
-        return w072.aux_offsets(ep_size, max_num_tokens).recv_counters
+        """Where the (first bank of) receive counters is."""
+        return self._recv_counters(ep_size, max_num_tokens, tuple(payloads), combine_bytes)
+
+    def gpu(self):
+        """Its GPU ops module (``dispatcher.gpu.mnnvl`` ...): imports torch and FlashInfer."""
+        import importlib
+
+        return importlib.import_module(self.gpu_ops)
 
     def __str__(self) -> str:
         return f"FlashInfer {self.version}"
 
 
-def _size_072(ep, cap, payloads, combine_bytes):
-    return w072.workspace_size_per_rank(ep, cap, sum(p.bytes_per_token for p in payloads),
-                                        combine_bytes)
+def _size_mnnvl(ep, cap, payloads, combine_bytes):
+    return mnnvl.workspace_size_per_rank(ep, cap, sum(p.bytes_per_token for p in payloads),
+                                         combine_bytes)
 
 
-def _layout_072(ep, cap, runtime, payloads, combine_bytes, sized_for):
-    return w072.layout(ep, cap, runtime, payloads, combine_bytes)  # offsets follow the call
+def _layout_mnnvl(ep, cap, runtime, payloads, combine_bytes, sized_for):
+    return mnnvl.layout(ep, cap, runtime, payloads, combine_bytes)  # offsets follow the call
 
 
-def _offsets_074(ep, cap, payloads, combine_bytes):
-    return w074._offsets_for(ep, cap, tuple(payloads), combine_bytes)
+def _recv_counters_mnnvl(ep, cap, payloads, combine_bytes):
+    return mnnvl.aux_offsets(ep, cap).recv_counters
 
 
-GENERATIONS = {
-    "0.7.2": Generation("0.7.2", "mnnvl", w072.SUPPORTED_TOP_K, w072.MAX_PAYLOADS, 64, 1, False, False,
-                        "mnnvl_moe_alltoall", _size_072, _layout_072),
-    "0.7.4": Generation("0.7.4", "one_sided", w074.SUPPORTED_TOP_K, w074.MAX_PAYLOADS, w074.MAX_RANKS, 2,
-                        True, True, "nvlink_one_sided_alltoall", w074.workspace_size_per_rank,
-                        w074.layout),
-}
+def _recv_counters_one_sided(ep, cap, payloads, combine_bytes):
+    return one_sided._offsets_for(ep, cap, payloads, combine_bytes).recv_counters
+
+
+GENERATIONS = {g.version: g for g in (
+    Generation("0.7.2", "mnnvl", mnnvl.SUPPORTED_TOP_K, mnnvl.MAX_PAYLOADS, mnnvl.MAX_RANKS,
+               counter_banks=1, checks_local_rows=False, fixed_combine_region=False,
+               module_name="mnnvl_moe_alltoall", gpu_ops="dispatcher.gpu.mnnvl",
+               _size=_size_mnnvl, _layout=_layout_mnnvl, _recv_counters=_recv_counters_mnnvl),
+    Generation("0.7.4", "one_sided", one_sided.SUPPORTED_TOP_K, one_sided.MAX_PAYLOADS,
+               one_sided.MAX_RANKS, counter_banks=2, checks_local_rows=True,
+               fixed_combine_region=True, module_name="nvlink_one_sided_alltoall",
+               gpu_ops="dispatcher.gpu.one_sided", _size=one_sided.workspace_size_per_rank,
+               _layout=one_sided.layout, _recv_counters=_recv_counters_one_sided),
+)}
 
 
 # The releases whose A2A the gate models, as their packages are versioned (a pre-release or a

@@ -6,20 +6,21 @@ every row count is *derived* from it, so a world cannot contradict itself.
 """
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import cached_property, lru_cache
 from typing import Optional, Tuple
 
 import numpy as np
 
 from ..sizing import RankView, ceil_align
-from .generations import Generation, active
-from .workspace import (Layout, PayloadFormat, PayloadSpec, combine_bytes_per_token,
-                        dispatch_payloads)
+from .generations import DEFAULT, GENERATIONS, Generation, active, generation_of
+from .payloads import (Layout, PayloadFormat, PayloadSpec, combine_bytes_per_token,
+                       dispatch_payloads)
 
 __all__ = ["MoeConfig", "World", "DP_GLOBAL_KINDS", "ROUTINGS", "owned_experts", "owners_of"]
 
 DP_GLOBAL_KINDS = ("recorded", "none", "empty")
+_SUPPORTED_TOP_K = tuple(sorted({k for g in GENERATIONS.values() for k in g.supported_top_k}))
 ROUTINGS = ("uniform", "hot_rank")
 
 
@@ -75,8 +76,8 @@ def short_repr(obj) -> str:
     parts = []
     for f in fields(obj):
         value = getattr(obj, f.name)
-        default = f.default if f.default is not MISSING else (
-            f.default_factory() if f.default_factory is not MISSING else MISSING)
+        default = f.metadata.get("shown_unless", f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else MISSING))
         if default is MISSING or value != default:
             parts.append(f"{f.name}={value!r}")
     return f"{type(obj).__name__}({', '.join(parts)})"
@@ -107,9 +108,9 @@ class MoeConfig:
         if self.num_experts > MAX_EXPERTS:
             raise ValueError(f"num_experts={self.num_experts} is more than {MAX_EXPERTS} (no "
                              f"MoE layer has that many; the model would allocate per expert)")
-        supported = active().supported_top_k
-        if self.top_k not in supported:
-            raise ValueError(f"top_k={self.top_k} not in {active()}'s {supported}")
+        if not any(self.top_k in g.supported_top_k for g in GENERATIONS.values()):
+            raise ValueError(f"top_k={self.top_k} not in any FlashInfer A2A's top_k: "
+                             f"{_SUPPORTED_TOP_K}")
         if self.routing not in ROUTINGS:
             raise ValueError(f"routing={self.routing!r} not in {ROUTINGS}")
         PayloadFormat(self.payload)
@@ -154,16 +155,26 @@ class World:
     dp_global_kind: str = "recorded"
     max_len_padding: bool = False
     moe: MoeConfig = field(default_factory=MoeConfig)
+    # The FlashInfer generation whose A2A this world runs on: bound when the world is made (the
+    # session's, --flashinfer), so a world's bytes never depend on where it is read; shown in
+    # its repr unless it is the default generation
+    flashinfer: str = field(default_factory=lambda: active().version,
+                            metadata={"shown_unless": DEFAULT})
 
     def __post_init__(self):
         _require_ints(self, "ep_size", "dp_size", "max_num_tokens")
+        if self.flashinfer not in GENERATIONS:  # a release (0.7.2.post1) names its generation
+            object.__setattr__(self, "flashinfer", generation_of(self.flashinfer).version)
         if not (isinstance(self.group_tokens, tuple)
                 and all(type(n) is int for n in self.group_tokens)):
             raise ValueError(f"group_tokens must be a tuple of ints, got {self.group_tokens!r}")
         if not isinstance(self.moe, MoeConfig):
             raise ValueError(f"moe must be a MoeConfig, got {type(self.moe).__name__}")
-        if not 1 <= self.ep_size <= 64:
-            raise ValueError(f"ep_size={self.ep_size} outside FlashInfer's 1..64")
+        gen = self.generation
+        if not 1 <= self.ep_size <= gen.max_ranks:
+            raise ValueError(f"ep_size={self.ep_size} outside {gen}'s 1..{gen.max_ranks}")
+        if self.moe.top_k not in gen.supported_top_k:
+            raise ValueError(f"top_k={self.moe.top_k} not in {gen}'s {gen.supported_top_k}")
         if self.dp_size < 1 or self.ep_size % self.dp_size:
             raise ValueError(f"dp_size={self.dp_size} must divide ep_size={self.ep_size}")
         if len(self.group_tokens) != self.dp_size:
@@ -233,10 +244,14 @@ class World:
         """Whether a valid runtime exists at all (every rank's rows fit the workspace cap)."""
         return self.max_rows <= self.max_num_tokens
 
+    def on(self, flashinfer) -> "World":
+        """This world on another FlashInfer generation (a version or a ``Generation``)."""
+        return replace(self, flashinfer=getattr(flashinfer, "version", flashinfer))
+
     @property
     def generation(self) -> Generation:
-        """The FlashInfer A2A generation this session models (``--flashinfer``)."""
-        return active()
+        """The FlashInfer A2A generation this world runs on (``flashinfer``)."""
+        return GENERATIONS[self.flashinfer]
 
     @property
     def workspace_size(self) -> int:

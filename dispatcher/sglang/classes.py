@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ..model.sglang_context import SGLangContext
 from ..model.generations import replay_flag
-from ..model.workspace import workspace_size_per_rank
+from ..model.mnnvl import workspace_size_per_rank
 from ..model.world import World
 from ..sizing import NotApplicable
 from .forward import ReleaseCodeError

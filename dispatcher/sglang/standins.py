@@ -19,7 +19,8 @@ from typing import Callable, Dict, NamedTuple, Optional
 
 from ..model.sglang_context import DERIVED_CAP_FLOOR, SGLangContext
 from ..model.validation import CAP_ENV
-from ..model.workspace import PayloadFormat, dispatch_payloads, workspace_size_per_rank
+from ..model.payloads import PayloadFormat, dispatch_payloads
+from ..model.mnnvl import workspace_size_per_rank
 from ..model.world import World
 
 __all__ = ["Launched", "LaunchRecord", "RoutedAround", "Hooks", "StandIn", "stand_in_modules",

@@ -18,7 +18,7 @@ import types
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
-from ..model.workspace import PayloadFormat
+from ..model.payloads import PayloadFormat
 from ..model.world import World
 from ..sglang.standins import Launched, StandIn, quantized_zeros
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from dispatcher.model.cross_round import grows_over, rows_at_risk
 from dispatcher.model.generations import GENERATIONS
-from dispatcher.model.workspace import (
+from dispatcher.model.payloads import (
     PayloadFormat,
     combine_bytes_per_token,
     dispatch_payloads,

@@ -57,6 +57,7 @@ def test_model_names_every_overflow_of_an_undersized_runtime(version, world, sho
     runtime every rank fits is exact."""
     with using(version) as gen:
         assume(world.moe.top_k in gen.supported_top_k)
+        world = world.on(gen)
         runtime = max(1, world.ideal_runtime - short)
         inputs = make_inputs(world)
         if gen.checks_local_rows:
@@ -85,21 +86,21 @@ def test_famous_undersize_gives_wrong_results_silently_on_072():
     world = World(ep_size=2, dp_size=2, group_tokens=(9, 9), max_num_tokens=16,
                   moe=MoeConfig(hidden_size=64, top_k=8, num_experts=8, routing="hot_rank"))
     with using("0.7.2"):
-        rt = round_trip(world, [4, 4])
+        rt = round_trip(world.on("0.7.2"), [4, 4])
     assert rt.mismatched_ranks() and rt.events and not rt.received_ok
     with using("0.7.4"), pytest.raises(RankRefused, match="Local token count exceeds"):
-        round_trip(world, [4, 4])  # 0.7.4 refuses it on both ranks: loud, not silent
+        round_trip(world.on("0.7.4"), [4, 4])  # 0.7.4 refuses it on both ranks: loud, not silent
 
 
 def test_074_refuses_the_short_rank_and_names_the_waiting_peers():
     world = World(ep_size=4, dp_size=4, group_tokens=(5, 3, 3, 3), max_num_tokens=8,
                   moe=MoeConfig(hidden_size=32, top_k=4, num_experts=8))
     with using("0.7.4"), pytest.raises(RankRefused) as refused:
-        round_trip(world, [4, 4, 4, 4])  # rank 0 has 5 rows
+        round_trip(world.on("0.7.4"), [4, 4, 4, 4])  # rank 0 has 5 rows
     assert refused.value.refused == (0,) and refused.value.waiting == (1, 2, 3)
     assert "Ranks [1, 2, 3] launched and wait" in str(refused.value)
     with using("0.7.2"):  # 0.7.2 takes it and writes past rank 0's slots
-        assert not round_trip(world, [4, 4, 4, 4]).exact
+        assert not round_trip(world.on("0.7.2"), [4, 4, 4, 4]).exact
 
 
 @BOTH
@@ -108,7 +109,7 @@ def test_rank_disagreement_misplaces_rows(version):
     world = World(ep_size=4, dp_size=4, group_tokens=(3, 3, 3, 3), max_num_tokens=8,
                   moe=MoeConfig(hidden_size=32, top_k=4, num_experts=8))
     with using(version):
-        rt = round_trip(world, [3, 3, 4, 4])
+        rt = round_trip(world.on(version), [3, 3, 4, 4])
     assert rt.events and not rt.exact
     assert any(e.sender_runtime != e.receiver_runtime for e in rt.events)
 

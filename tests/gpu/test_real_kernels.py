@@ -209,9 +209,9 @@ def test_074_byte_model_past_64_ranks(ep_size, single_gpu):
         with pytest.raises(ValueError):
             World(ep_size=ep_size, dp_size=1, group_tokens=(0,), max_num_tokens=1)
         return
-    from dispatcher.gpu.single_074 import byte_model_074
+    from dispatcher.gpu.one_sided import byte_model
 
     for cap in (1, 256, 8192):
         for h, k in ((7168, 8), (4096, 22), (128, 3)):
-            model = byte_model_074(ep_size, cap, k, 2 * h + 8 * k, 2 * h)
+            model = byte_model(ep_size, cap, k, 2 * h + 8 * k, 2 * h)
             assert all(ours == theirs for ours, theirs in model.values()), (model, ep_size, cap)

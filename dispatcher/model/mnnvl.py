@@ -1,4 +1,5 @@
-"""FlashInfer MoE A2A workspace byte model, exact to the byte (FlashInfer 0.7.2.post1).
+"""The byte model of FlashInfer 0.7.2's MoE A2A (``MoeAlltoAll``, the MNNVL kernels; 0.7.2.post1
+has the same files), exact to the byte.
 
 Mirrors ``calculateOffsets`` / ``moeA2ADispatchOp`` / ``moeA2ACombineIntoOp`` in
 ``flashinfer/data/csrc/trtllm_moe_alltoall.cu`` and ``moe_a2a_get_workspace_size_per_rank`` in
@@ -7,87 +8,19 @@ comes from here; the GPU tier checks ``workspace_size_per_rank`` against FlashIn
 """
 from __future__ import annotations
 
-import enum
 import functools
 from dataclasses import dataclass
 from typing import Tuple
 
-__all__ = [
-    "ALIGN",
-    "MAX_TOP_K",
-    "MAX_PAYLOADS",
-    "SUPPORTED_TOP_K",
-    "PayloadFormat",
-    "HIDDEN_MULTIPLE",
-    "PayloadSpec",
-    "dispatch_payloads",
-    "combine_bytes_per_token",
-    "aux_offsets",
-    "aux_size",
-    "workspace_size_per_rank",
-    "Layout",
-    "layout",
-]
+from .payloads import ALIGN, INT32, Layout, PayloadSpec, pad
 
-ALIGN = 128  # kCachelineAlignment
+__all__ = ["ALIGN", "MAX_TOP_K", "MAX_PAYLOADS", "MAX_RANKS", "SUPPORTED_TOP_K", "AuxOffsets",
+           "aux_offsets", "aux_size", "workspace_size_per_rank", "layout"]
+
 MAX_TOP_K = 22  # kMaxTopK
 MAX_PAYLOADS = 6  # kMaxPayloads
+MAX_RANKS = 64  # kMaxRanks
 SUPPORTED_TOP_K = (1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 22)  # the kernel's TOP_K switch
-INT32 = 4
-
-
-def pad(n: int, a: int = ALIGN) -> int:
-    return (n + a - 1) // a * a
-
-
-class PayloadFormat(enum.Enum):
-    """How hidden states travel in dispatch (combine is always bf16)."""
-
-    BF16 = "bf16"
-    NVFP4 = "nvfp4"  # e2m1 packed two per byte + one fp8 scale per 16 elements
-    MXFP8 = "mxfp8"  # fp8 per element + one ue8m0 scale per 32 elements
-
-
-# Hidden sizes each format can dispatch: the int32 planes after the hidden payloads must stay
-# 4-byte aligned for every ep_size * runtime (the C++ op's "Misaligned payload buffer" check).
-HIDDEN_MULTIPLE = {PayloadFormat.BF16: 2, PayloadFormat.NVFP4: 64, PayloadFormat.MXFP8: 128}
-
-
-@dataclass(frozen=True)
-class PayloadSpec:
-    """One dispatch payload: its bytes per token and element size (the kernel's alignment
-    check works in elements)."""
-
-    name: str
-    bytes_per_token: int
-    element_size: int
-
-
-def dispatch_payloads(fmt: PayloadFormat, hidden_size: int, top_k: int) -> Tuple[PayloadSpec, ...]:
-    """The payload list a dispatcher hands to ``moe_a2a_dispatch``, in order."""
-    h = hidden_size
-    if fmt is PayloadFormat.BF16:
-        hidden = (PayloadSpec("hidden_states", 2 * h, 2),)
-    elif fmt is PayloadFormat.NVFP4:
-        if h % HIDDEN_MULTIPLE[fmt]:
-            raise ValueError(f"NVFP4 dispatch needs hidden_size % 64 == 0 (4-byte aligned "
-                             f"int32 plane after the scales), got {h}")
-        hidden = (PayloadSpec("hidden_fp4", h // 2, 1), PayloadSpec("hidden_sf", h // 16, 1))
-    elif fmt is PayloadFormat.MXFP8:
-        if h % HIDDEN_MULTIPLE[fmt]:
-            raise ValueError(f"MXFP8 dispatch needs hidden_size % 128 == 0 (4-byte aligned "
-                             f"int32 plane after the scales), got {h}")
-        hidden = (PayloadSpec("hidden_fp8", h, 1), PayloadSpec("hidden_sf", h // 32, 1))
-    else:  # pragma: no cover - enum is closed
-        raise ValueError(fmt)
-    return hidden + (
-        PayloadSpec("topk_ids", INT32 * top_k, INT32),
-        PayloadSpec("topk_weights", INT32 * top_k, INT32),
-    )
-
-
-def combine_bytes_per_token(hidden_size: int) -> int:
-    return 2 * hidden_size  # bf16 expert output
 
 
 @dataclass(frozen=True)
@@ -147,26 +80,6 @@ def workspace_size_per_rank(ep_size: int, max_num_tokens: int, dispatch_bytes_pe
     return (pad(aux_size(ep_size, max_num_tokens, eplb_stats_num_experts))
             + pad(ep_size * max_num_tokens * dispatch_bytes_per_token)
             + pad(ep_size * max_num_tokens * combine_bytes))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where one dispatch/combine call with a given runtime puts things inside one rank's
-    workspace (offsets relative to that rank's region)."""
-
-    ep_size: int
-    runtime: int
-    payloads: Tuple[PayloadSpec, ...]
-    combine_bytes: int
-    recv_offsets: Tuple[int, ...]  # start of each payload's [ep_size, runtime, bytes] plane
-    dispatch_end: int  # PAYLOAD_DATA_OFFSET + sum of planes: the C++ ``requiredSize``
-    combine_offset: int  # pad(dispatch_end)
-    combine_end: int  # combine_offset + ep_size * runtime * combine_bytes
-
-    @property
-    def bytes_needed(self) -> int:
-        """The bytes one dispatch + combine pair touches in each rank's workspace."""
-        return max(self.dispatch_end, self.combine_end)
 
 
 def layout(ep_size: int, max_num_tokens: int, runtime: int, payloads: Tuple[PayloadSpec, ...],

@@ -5,7 +5,7 @@ Mirrors ``calculateWorkspaceLayout`` and ``moeA2ADispatchOp`` in
 ``NVLinkOneSidedAlltoAll.__init__`` computes in
 ``flashinfer/moe_ep/backends/split/comm/nvlink_one_sided/communication.py`` (fence path: no CFT
 region, no Lamport regions, no EPLB statistics, as on an H200 and as our GPU tiers run it).
-What changed from 0.7.2 (``workspace.py``): routing tables sized by top_k (was a fixed 22),
+What changed from 0.7.2 (``mnnvl.py``): routing tables sized by top_k (was a fixed 22),
 two banks of receive counters picked by round parity, a 256-aligned dispatch region whose
 receive planes start on 128-byte boundaries, and a combine input region at a fixed offset (it
 no longer follows the runtime). ``tests/cpu/test_workspace_bytes.py`` checks this module
@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from .workspace import INT32, Layout, PayloadSpec, pad
+from .payloads import INT32, Layout, PayloadSpec, pad
 
 __all__ = ["ALIGN", "WORKSPACE_ALIGNMENT", "MAX_TOP_K", "MAX_PAYLOADS", "MAX_RANKS",
            "SUPPORTED_TOP_K", "Offsets", "offsets", "dispatch_capacity", "combine_capacity",
