@@ -19,20 +19,14 @@ from typing import Callable, Dict, NamedTuple, Optional
 
 from ..model.sglang_context import DERIVED_CAP_FLOOR, SGLangContext
 from ..model.validation import CAP_ENV
-from ..model.payloads import PayloadFormat, dispatch_payloads
-from ..model.mnnvl import workspace_size_per_rank
 from ..model.world import World
+from ..standins import (FlashInferStandIn, Launched, StandIn, build_modules, flashinfer_api,  # noqa: F401
+                        fp4_quantize, identity, mxfp8_quantize)
+from .flashinfer_side import (LaunchRecord, MoeAlltoAll, moe_a2a_get_workspace_size_per_rank,  # noqa: F401
+                              torch_distributed_comm_backend)
 
 __all__ = ["Launched", "LaunchRecord", "RoutedAround", "Hooks", "StandIn", "stand_in_modules",
            "stand_in_globals", "current"]
-
-
-class Launched(Exception):
-    """dispatch() reached FlashInfer's launch: ``record`` holds what it passed."""
-
-    def __init__(self, record):
-        super().__init__(record)
-        self.record = record
 
 
 class RoutedAround(Exception):
@@ -334,84 +328,9 @@ class StandardDispatcher(BaseDispatcher):
         raise RoutedAround()
 
 
-# --- stand-ins for FlashInfer: the recorder ---------------------------------------------------
-@dataclass(frozen=True)
-class LaunchRecord:
-    """What SGLang constructed its ``MoeAlltoAll`` with and passed to ``dispatch``."""
-
-    runtime: object
-    max_num_tokens: object
-    workspace_size_per_rank: object
-    invalid_token_expert_id: object
-    num_experts: object
-    payload_bytes_per_token: Optional[int]  # None when no row was sent
-
-
-class MoeAlltoAll:
-    """Records what SGLang constructs and passes, and stops dispatch() at the launch. Every call
-    is bound to the signature the FlashInfer generation under test has (read from its source:
-    ``dispatcher/flashinfer/api.py``), so a call that release would refuse raises its TypeError."""
-
-    def __init__(self, *args, **kwargs):
-        a = _api().bind("MoeAlltoAll.__init__", *args, **kwargs).arguments
-        self.max_num_tokens = a["max_num_tokens"]
-        self.workspace_size_per_rank = a.get("workspace_size_per_rank")
-        self.num_experts = a["num_experts"]
-
-    def dispatch(self, *args, **kwargs):
-        a = _api().bind("MoeAlltoAll.dispatch", *args, **kwargs).arguments
-        input_payloads = a["input_payloads"]
-        rows = input_payloads[0].shape[0] if input_payloads else 0
-        size = (sum(p.numel() * p.element_size() for p in input_payloads) // rows) if rows else None
-        raise Launched(LaunchRecord(a["runtime_max_tokens_per_rank"], self.max_num_tokens,
-                                    self.workspace_size_per_rank, a["invalid_token_expert_id"],
-                                    self.num_experts, size))
-
-
-def moe_a2a_get_workspace_size_per_rank(*args, **kwargs):
-    a = _api().bind("moe_a2a_get_workspace_size_per_rank", *args, **kwargs).arguments
-    return workspace_size_per_rank(a["ep_size"], a["max_num_tokens"],
-                                   a["total_dispatch_payload_size_per_token"],
-                                   a["combine_payload_size_per_token"])
-
-
-def _api():
-    """The API of the FlashInfer generation this session models."""
-    from ..flashinfer.api import api
-    from ..model.generations import active
-
-    return api(active().version)
-
-
 class _Record:
     def __init__(self, *a, **k):
         self.__dict__.update(k)
-
-
-def quantized_zeros(x, fmt: PayloadFormat):
-    """Zero tensors of the shapes FlashInfer's quantizer returns for ``fmt`` (values are
-    never read for sizing): the hidden payload and its scales, bytes from the byte model."""
-    import torch
-
-    n, h = x.shape
-    hidden, scales = dispatch_payloads(fmt, h, 1)[:2]
-    return (torch.zeros(n, hidden.bytes_per_token, dtype=torch.uint8),
-            torch.zeros(n, scales.bytes_per_token, dtype=torch.uint8))
-
-
-def _fp4_quantize(x, *a, **k):
-    return quantized_zeros(x, PayloadFormat.NVFP4)
-
-
-def _mxfp8_quantize(x, *a, **k):
-    import torch
-
-    q, sf = quantized_zeros(x, PayloadFormat.MXFP8)
-    return q.view(torch.float8_e4m3fn), sf.reshape(-1)
-
-
-def _identity(x, *a, **k):
-    return x
 
 
 def _table() -> Dict[str, Dict[str, object]]:
@@ -421,7 +340,7 @@ def _table() -> Dict[str, Dict[str, object]]:
     ctx = {"get_flags": get_flags, "get_forward": get_forward, "get_parallel": get_parallel,
            "get_spec": get_spec, "get_schedule": get_schedule, "get_server_args": _server_args,
            "get_exec": get_exec, "max_prefill_buffer_tokens": max_prefill_buffer_tokens}
-    logging_ = {"debug_kernel_api": _identity}
+    logging_ = {"debug_kernel_api": identity}
     return {
         "sglang": {}, "sglang.srt": {}, "sglang.kernels": {}, "sglang.srt.layers": {},
         "sglang.srt.layers.moe": {}, "sglang.srt.utils": {"get_int_env_var": get_int_env_var},
@@ -451,79 +370,19 @@ def _table() -> Dict[str, Dict[str, object]]:
         "sglang.srt.model_executor.runner_utils.capture_mode": {
             "get_is_capture_mode": get_is_capture_mode},
         "sglang.srt.layers.quantization": {},
-        "sglang.srt.layers.quantization.fp4_utils": {"fp4_quantize": _fp4_quantize},
+        "sglang.srt.layers.quantization.fp4_utils": {"fp4_quantize": fp4_quantize},
         "sglang.srt.runtime_context": ctx,
         "sglang.srt.server_args": {"get_global_server_args": _server_args},
         "sglang.srt.speculative": {},
         "sglang.srt.speculative.spec_info": {"SpeculativeAlgorithm": SpeculativeAlgorithm},
         "sglang.srt.utils.common": {"require_mlp_tp_gather": require_mlp_tp_gather},
-        "flashinfer": {"fp4_quantize": _fp4_quantize, "nvfp4_block_scale_interleave": _identity,
-                       "mxfp8_quantize": _mxfp8_quantize},
+        "flashinfer": {"fp4_quantize": fp4_quantize, "nvfp4_block_scale_interleave": identity,
+                       "mxfp8_quantize": mxfp8_quantize},
         "flashinfer.comm": {"MoeAlltoAll": MoeAlltoAll,
                             "moe_a2a_get_workspace_size_per_rank": moe_a2a_get_workspace_size_per_rank},
         "flashinfer.comm.mapping": {"Mapping": _Record},
         "flashinfer.comm.mnnvl": {"MnnvlConfig": _Record},
     }
-
-
-class StandIn(types.ModuleType):
-    """A stand-in module: only the names listed; anything else fails the load by name
-    (``adapter``: the engine package whose standins.py would hold it)."""
-
-    adapter = "sglang"
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise ImportError(f"the {self.adapter} adapter has no stand-in for {self.__name__}.{name}: "
-                          f"add it in dispatcher/{self.adapter}/standins.py")
-
-
-def _torch_distributed_comm_backend():
-    """SGLang's ``flashinfer_utils.TorchDistributedCommBackend``, as it is: FlashInfer's MNNVL
-    bootstrap over a torch.distributed group (for the real kernels)."""
-    import torch.distributed as dist
-    from flashinfer.comm.mnnvl import CommBackend
-
-    class TorchDistributedCommBackend(CommBackend):
-        def __init__(self, group):
-            self._group = group
-
-        def Get_rank(self):
-            return self._group.rank()
-
-        def Get_size(self):
-            return self._group.size()
-
-        def allgather(self, data):
-            gathered = [None] * self.Get_size()
-            dist.all_gather_object(gathered, data, group=self._group)
-            return gathered
-
-        def bcast(self, data, root=0):
-            obj = [data]
-            dist.broadcast_object_list(obj, src=root, group=self._group)
-            return obj[0]
-
-        def Split(self, color, key):
-            return self
-
-        def barrier(self):
-            dist.barrier(group=self._group)
-    return TorchDistributedCommBackend
-
-
-class FlashInferStandIn(StandIn):
-    """A FlashInfer module of the generation under test: a name that release does not bind
-    fails the import as Python would (``cannot import name ...``)."""
-
-    version = ""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise ImportError(f"cannot import name {name!r} from {self.__name__!r} (FlashInfer "
-                          f"{self.version} has no such name)", name=self.__name__)
 
 
 def stand_in_modules(flashinfer: str = "recorder") -> Dict[str, types.ModuleType]:
@@ -547,7 +406,7 @@ def _stand_in_modules(flashinfer: str, version: str) -> Dict[str, types.ModuleTy
     if flashinfer == "real":
         table = {n: a for n, a in table.items() if n != "flashinfer" and not n.startswith("flashinfer.")}
         table["sglang.srt.layers.moe.token_dispatcher.flashinfer_utils"] = {
-            "TorchDistributedCommBackend": _torch_distributed_comm_backend()}
+            "TorchDistributedCommBackend": torch_distributed_comm_backend()}
     elif flashinfer == "emulated":
         from ..gpu.emulated import EmulatedMoeAlltoAll
 
@@ -556,14 +415,7 @@ def _stand_in_modules(flashinfer: str, version: str) -> Dict[str, types.ModuleTy
                                             MoeAlltoAll=EmulatedMoeAlltoAll)
     elif flashinfer != "recorder":
         raise ValueError(f"flashinfer={flashinfer!r}: recorder, emulated or real")
-    mods = {}
-    for name, attrs in table.items():
-        m = FlashInferStandIn(name) if name.split(".")[0] == "flashinfer" else StandIn(name)
-        m.version = version
-        m.__dict__.update(attrs)
-        m.__path__ = []  # a package, so submodule imports resolve through sys.modules
-        mods[name] = m
-    return mods
+    return build_modules(table, "sglang", version)
 
 
 def stand_in_globals() -> Dict[str, object]:

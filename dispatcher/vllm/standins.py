@@ -20,7 +20,7 @@ from typing import Callable, Dict, Optional
 
 from ..model.payloads import PayloadFormat
 from ..model.world import World
-from ..sglang.standins import Launched, StandIn, quantized_zeros
+from ..standins import Launched, build_modules, flashinfer_api, quantized_zeros
 
 __all__ = ["Launched", "Launch", "State", "current", "stand_in_modules", "QuantConfig"]
 
@@ -81,7 +81,7 @@ class _MoeAlltoAll:
         self._m = manager
 
     def dispatch(self, *args, **kwargs):
-        a = _api().bind("MoeAlltoAll.dispatch", *args, **kwargs).arguments
+        a = flashinfer_api().bind("MoeAlltoAll.dispatch", *args, **kwargs).arguments
         raise Launched(Launch(a["runtime_max_tokens_per_rank"], self._m.max_num_tokens,
                               _payload_bytes(a["input_payloads"]), "MoeAlltoAll.dispatch"))
 
@@ -96,7 +96,7 @@ class _Communication:
         self._m = manager
 
     def dispatch(self, *args, **kwargs):
-        flashinfer = _api()
+        flashinfer = flashinfer_api()
         entry = "NVLinkOneSidedAlltoAll.dispatch"
         a = flashinfer.bind(entry, *args, **kwargs).arguments
         payloads = [a[n] for n in ("hidden_states", "hidden_states_scale", "topk_ids",
@@ -127,9 +127,9 @@ class OneSidedManager(All2AllManagerBase):
     @property
     def moe_alltoall(self):
         # vLLM's all2all.py builds it with ``from flashinfer.comm import MoeAlltoAll``
-        if "MoeAlltoAll" not in _api().comm_names:
+        if "MoeAlltoAll" not in flashinfer_api().comm_names:
             raise ImportError(f"cannot import name 'MoeAlltoAll' from 'flashinfer.comm' "
-                              f"(FlashInfer {_api().version} has no such name)")
+                              f"(FlashInfer {flashinfer_api().version} has no such name)")
         return _MoeAlltoAll(self)
 
     def get_communication(self):
@@ -227,14 +227,6 @@ def _table() -> Dict[str, Dict[str, object]]:
     }
 
 
-def _api():
-    """The API of the FlashInfer generation this session models (read from its source)."""
-    from ..flashinfer.api import api
-    from ..model.generations import active
-
-    return api(active().version)
-
-
 def stand_in_modules() -> Dict[str, types.ModuleType]:
     """Every module vLLM's prepare/finalize file imports, as stand-ins (for ``sys.modules``);
     FlashInfer's modules are those the generation under test has."""
@@ -251,18 +243,7 @@ def _stand_in_modules(version: str) -> Dict[str, types.ModuleType]:
     for name in ("flashinfer.comm.trtllm_alltoall",):
         if name not in api(version).modules:  # gone in 0.7.4: the import fails as it would
             del table[name]
-    mods = {}
-    for name, attrs in table.items():
-        m = StandIn(name)
-        m.adapter = "vllm"
-        m.__dict__.update(attrs)
-        m.__path__ = []
-        mods[name] = m
-    for name, m in mods.items():  # ``import a.b.c as x`` walks the parents' attributes
-        parent, _, child = name.rpartition(".")
-        if parent in mods:
-            mods[parent].__dict__.setdefault(child, m)
-    return mods
+    return build_modules(table, "vllm", version, flashinfer_names=False)
 
 
 ComputeSp = Callable[..., list]

@@ -14,7 +14,7 @@ LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.release_code": 1,
     "dispatcher.procs": 0, "dispatcher.engines": 1, "dispatcher.runner": 1,
     "dispatcher.engine_tensors": 1,
-    "dispatcher.emulator": 2, "strategies": 2, "dispatcher.flashinfer": 2,
+    "dispatcher.emulator": 2, "strategies": 2, "dispatcher.flashinfer": 2, "dispatcher.standins": 2,
     "dispatcher.gpu": 3, "dispatcher.sglang": 3, "dispatcher.vllm": 3,
     "dispatcher.cross_round_verdicts": 3,
     "dispatcher.policies": 4, "dispatcher.__main__": 4, "dispatcher.sglang_verdicts": 4,

@@ -1,0 +1,108 @@
+"""What every engine's stand-ins share: the stand-in module type (a name the table does not
+list fails the load by name, never a silent stub), building ``sys.modules`` entries from an
+engine's table, FlashInfer's API as the generation under test defines it, its quantizers as
+shapes, and the exception that stops an engine's call at FlashInfer's launch.
+
+An engine's own ``dispatcher/<engine>/standins.py`` holds its table (what its file imports);
+its ``loader.py`` executes the file under ``unittest.mock.patch.dict(sys.modules, ...)``.
+"""
+from __future__ import annotations
+
+import types
+from typing import Dict, Mapping
+
+from .model.payloads import PayloadFormat, dispatch_payloads
+
+__all__ = ["Launched", "StandIn", "FlashInferStandIn", "build_modules", "flashinfer_api",
+           "quantized_zeros", "fp4_quantize", "mxfp8_quantize", "identity"]
+
+
+class Launched(Exception):
+    """The engine's call reached FlashInfer's launch: ``record`` holds what it passed."""
+
+    def __init__(self, record):
+        super().__init__(record)
+        self.record = record
+
+
+class StandIn(types.ModuleType):
+    """A stand-in module: only the names listed; anything else fails the load by name
+    (``adapter``: the engine package whose standins.py would hold it)."""
+
+    adapter = ""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ImportError(f"the {self.adapter} adapter has no stand-in for {self.__name__}.{name}: "
+                          f"add it in dispatcher/{self.adapter}/standins.py")
+
+
+class FlashInferStandIn(StandIn):
+    """A FlashInfer module of the generation under test: a name that release does not bind
+    fails the import as Python would (``cannot import name ...``)."""
+
+    version = ""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ImportError(f"cannot import name {name!r} from {self.__name__!r} (FlashInfer "
+                          f"{self.version} has no such name)", name=self.__name__)
+
+
+def build_modules(table: Mapping[str, Mapping[str, object]], adapter: str, version: str,
+                  flashinfer_names: bool = True) -> Dict[str, types.ModuleType]:
+    """One stand-in module per entry of ``table`` (module name -> its names); each a package
+    (submodule imports resolve through ``sys.modules``) and an attribute of its parent
+    (``import a.b.c as x`` walks them). ``flashinfer_names``: the table's FlashInfer modules
+    hold every name release ``version`` binds that the engine's file uses, so a missing name
+    is FlashInfer's (``cannot import name``), not the adapter's."""
+    mods = {}
+    for name, attrs in table.items():
+        flashinfer = flashinfer_names and name.split(".")[0] == "flashinfer"
+        m = FlashInferStandIn(name) if flashinfer else StandIn(name)
+        m.adapter, m.version = adapter, version
+        m.__dict__.update(attrs)
+        m.__path__ = []
+        mods[name] = m
+    for name, m in mods.items():
+        parent, _, child = name.rpartition(".")
+        if parent in mods:
+            mods[parent].__dict__.setdefault(child, m)
+    return mods
+
+
+def flashinfer_api():
+    """The API of the FlashInfer generation this session models (read from its source:
+    ``dispatcher/flashinfer/api.py``)."""
+    from .flashinfer.api import api
+    from .model.generations import active
+
+    return api(active().version)
+
+
+def quantized_zeros(x, fmt: PayloadFormat):
+    """Zero tensors of the shapes FlashInfer's quantizer returns for ``fmt`` (values are
+    never read for sizing): the hidden payload and its scales, bytes from the byte model."""
+    import torch
+
+    n, h = x.shape
+    hidden, scales = dispatch_payloads(fmt, h, 1)[:2]
+    return (torch.zeros(n, hidden.bytes_per_token, dtype=torch.uint8),
+            torch.zeros(n, scales.bytes_per_token, dtype=torch.uint8))
+
+
+def fp4_quantize(x, *a, **k):
+    return quantized_zeros(x, PayloadFormat.NVFP4)
+
+
+def mxfp8_quantize(x, *a, **k):
+    import torch
+
+    q, sf = quantized_zeros(x, PayloadFormat.MXFP8)
+    return q.view(torch.float8_e4m3fn), sf.reshape(-1)
+
+
+def identity(x, *a, **k):
+    return x
