@@ -4,7 +4,7 @@
     a2a-gate replay [--policy SPEC] [--context CTX] "World(...)"     one world, every check
     a2a-gate fetch [sglang|vllm|flashinfer] [--pin] [VERSION ...]   pre-fill the verified cache
                                           (--pin: write the releases' hashes into pins.json)
-    a2a-gate verdicts [--engine sglang|vllm|both] [SPEC ...]          the verdict tables
+    a2a-gate verdicts [--engine sglang|vllm|all] [SPEC ...]           the verdict tables
     a2a-gate bisect --good REV --bad REV [--repo PATH] [--engine sglang|vllm] [-- PYTEST ARGS]
 
 The suite runs from any directory, with the options, profiles, markers, xdist groups, exit
@@ -57,7 +57,7 @@ def _fetch(args: List[str]) -> int:
 
 
 def _verdicts(args: List[str]) -> int:
-    from .sglang_verdicts import main as verdicts
+    from .verdicts import main as verdicts
 
     return verdicts(args)
 

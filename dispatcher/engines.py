@@ -6,7 +6,8 @@ imported only when that engine is used (so torch is needed only for an engine po
 An engine package ``dispatcher/<name>/`` provides: ``fetch.py`` with ``PACKAGE`` (its files on
 the package index, cached and verified), ``RELEASES`` (the pinned releases, oldest first) and
 ``NEEDED`` (its code the gate runs beside the dispatcher file, ``dispatcher.companions``);
-``loader.py`` with ``release_from_spec(target)``; ``verdicts.py`` with ``tables``.
+``loader.py`` with ``release_from_spec(target)`` (an ``EnginePolicy``, ``model/engine.py``);
+``verdicts.py`` with ``TITLE``, ``default_specs()`` and ``tables(specs)``.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ class Engine:
     title: str  # for messages: "SGLang"
     example: str  # a release for messages: "0.5.23"
     bisect_parts: Tuple[str, ...]  # the suite's files a bisect step runs (with the properties)
+    # the DP attention size of the one step the engine x FlashInfer table runs (4 EP ranks, 8
+    # tokens): 1 is sequence parallel; vLLM's older releases refuse an SP step
+    compat_dp_size: int = 1
 
     def module(self, part: str):
         """``dispatcher.<name>.<part>`` (imported on first use)."""
@@ -35,10 +39,21 @@ class Engine:
     def releases(self) -> Tuple[str, ...]:
         return tuple(self.module("fetch").RELEASES)
 
+    def spec(self, target: str) -> str:
+        """The ``--policy`` spec of ``target`` (a release, a path) of this engine."""
+        return f"{self.name}:{target}"
+
+    def owns(self, spec: str) -> bool:
+        return spec.partition(":")[0] == self.name
+
+    def verdicts(self):
+        """Its verdict tables: ``TITLE``, ``default_specs()``, ``tables(specs)``."""
+        return self.module("verdicts")
+
 
 ENGINES: Dict[str, Engine] = {e.name: e for e in (
     Engine("sglang", "SGLang", "0.5.23", ("sglang/test_engine_steps.py",)),
-    Engine("vllm", "vLLM", "0.33.0", ("vllm/test_engine.py",)),
+    Engine("vllm", "vLLM", "0.33.0", ("vllm/test_engine.py",), compat_dp_size=4),
 )}
 
 

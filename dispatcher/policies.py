@@ -31,6 +31,7 @@ __all__ = ["DEFAULT_POLICY", "NAMED", "PolicyError", "load_policy", "probe_polic
            "PROBE_TIMEOUT_S", "load_timeout_s", "LOAD_TIMEOUT_ENV"]
 
 DEFAULT_POLICY = "dispatcher.sizing:ideal_rule"
+_ENGINE_FORMS = ", ".join(f"{name}[:VERSION|PATH]" for name in ENGINES)
 NAMED = {"ideal_rule": ideal_rule, **KNOWN_BAD_RULES, **MUTANTS}
 
 
@@ -65,8 +66,8 @@ def load_policy(spec: str) -> Tuple[str, Policy]:
     if ":" not in spec:
         if spec in NAMED:
             return spec, NAMED[spec]
-        raise PolicyError(f"unknown policy {spec!r}: use module:callable, sglang[:VERSION|PATH], "
-                          f"vllm[:VERSION|PATH] or one of {sorted(NAMED)}")
+        raise PolicyError(f"unknown policy {spec!r}: use module:callable, {_ENGINE_FORMS} or one "
+                          f"of {sorted(NAMED)}")
     module, _, attr = spec.partition(":")
     here = os.getcwd()
     try:
@@ -169,8 +170,8 @@ def describe_policy(spec: str) -> str:
     engine = engine_of_spec(spec)
     if engine is None:
         if ":" not in spec and spec not in NAMED:
-            raise PolicyError(f"unknown policy {spec!r}: use module:callable, sglang[:VERSION|PATH], "
-                              f"vllm[:VERSION|PATH] or one of {sorted(NAMED)}")
+            raise PolicyError(f"unknown policy {spec!r}: use module:callable, {_ENGINE_FORMS} or "
+                              f"one of {sorted(NAMED)}")
         return ""
     try:
         loader = engine.module("loader")

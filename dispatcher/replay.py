@@ -45,7 +45,7 @@ def replay(world_text: str, spec: str, context_text: str = "") -> int:
         ctx = parse_context(context_text) if context_text else SGLangContext()
         name, policy = load_policy(spec)
         _report("loaded")
-        sglang = isinstance(policy, EnginePolicy) and policy.engine == "sglang"
+        sglang = isinstance(policy, EnginePolicy) and policy.takes_context
         if context_text and not sglang:
             raise BadWorld(f"--context is for sglang: policies; {spec} is not one")
     except (BadWorld, PolicyError) as exc:
@@ -106,7 +106,7 @@ def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
         name, policy = load_policy(spec)
         _report("loaded")
         paired = isinstance(steps[0], tuple)
-        sglang = isinstance(policy, EnginePolicy) and policy.engine == "sglang"
+        sglang = isinstance(policy, EnginePolicy) and policy.takes_context
         if paired and not sglang:
             raise BadWorld(f"(World, SGLangContext) steps are for sglang: policies; {spec} is "
                            f"not one")

@@ -120,8 +120,10 @@ class Package:
 
     @property
     def _example(self) -> str:
-        return {"sglang": "0.5.23", "vllm": "0.33.0",
-                "flashinfer-python": "0.7.4"}.get(self.name, "1.0.0")
+        """A version for messages: the newest pinned release."""
+        from packaging.version import Version
+
+        return max(self.pins, key=Version, default="1.0.0")
 
     def root_of(self, file: Path) -> Optional[Path]:
         """The tree ``file`` (the main file or a companion) sits in (the folder holding

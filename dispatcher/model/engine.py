@@ -33,6 +33,15 @@ class EnginePolicy(abc.ABC):
     """An engine's dispatcher file, loaded: ``engine`` names it ("sglang", "vllm")."""
 
     engine: str = ""
+    # whether a step carries the engine's serving context beside its world (SGLang's
+    # ``SGLangContext``: forward mode, CUDA graph, speculative decoding, ...)
+    takes_context: bool = False
+
+    @property
+    def runs_modelled_a2a(self) -> bool:
+        """Whether the file runs the FlashInfer MoE A2A the gate models (vLLM's two-sided
+        backend runs other kernels: no such workspace)."""
+        return True
 
     @property
     @abc.abstractmethod

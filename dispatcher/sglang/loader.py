@@ -107,6 +107,7 @@ class SGLangRelease(EnginePolicy):
     ``bind(world)`` is the per-rank policy the properties check."""
 
     engine = "sglang"  # an engine policy (dispatcher/__main__.py, the tiers tell them apart)
+    takes_context = True  # each step has an SGLangContext beside its world
 
     path: Path
     label: str

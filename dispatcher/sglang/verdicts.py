@@ -1,7 +1,7 @@
 """Measure SGLang releases against every bug class and every property; print the tables.
 
-    python -m dispatcher.sglang_verdicts --engine sglang     # every distinct release 0.5.10-0.5.23
-    python -m dispatcher.sglang_verdicts 0.5.23 /path/to/sglang
+    python -m dispatcher.verdicts --engine sglang     # every distinct release 0.5.10-0.5.23
+    python -m dispatcher.verdicts 0.5.23 /path/to/sglang
 
 Bug classes (``classes.py``): for each release and class, Hypothesis searches that class's
 regime (``strategies.sglang_steps``) for a step where the release's own dispatch() breaks the
@@ -30,9 +30,11 @@ from .classes import BUG_CLASSES, BUGS, HAZARDS, check_step
 from .loader import SGLangRelease, release_from_spec
 from .sources import RELEASES
 
-__all__ = ["RELEASES", "CLASS_EXAMPLES", "PROPERTY_EXAMPLES", "Verdict", "class_verdicts",
+__all__ = ["TITLE", "default_specs", "compat_specs", "RELEASES", "CLASS_EXAMPLES", "PROPERTY_EXAMPLES",
+           "Verdict", "class_verdicts",
            "property_verdicts", "tables"]
 
+TITLE = "SGLang FlashinferDispatcher"
 CLASS_EXAMPLES = 300
 PROPERTY_EXAMPLES = 1500
 
@@ -107,6 +109,16 @@ def _table(title: str, columns: List[str], rows: List[Tuple[str, Dict[str, Verdi
             cells.append(f"exposed [{len(notes)}]" if hazard else f"**FAIL** [{len(notes)}]")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def default_specs() -> List[str]:
+    """Every pinned release."""
+    return [f"sglang:{v}" for v in RELEASES]
+
+
+def compat_specs() -> List[str]:
+    """The rows of the engine x FlashInfer table (docs/flashinfer.md)."""
+    return default_specs()
 
 
 def tables(specs) -> str:

@@ -110,6 +110,10 @@ class VLLMRelease(EnginePolicy):
         return f"vllm:{self.label}" + ("@two-sided" if self.side == "two-sided" else "")
 
     @property
+    def runs_modelled_a2a(self) -> bool:
+        return self.side != "two-sided"  # MnnvlMoe's kernels: not this workspace
+
+    @property
     def module(self):
         """The file as executed against the FlashInfer generation modelled now (its imports of
         ``flashinfer.comm`` differ by generation), executed once per generation."""

@@ -1,7 +1,7 @@
 """Measure vLLM releases' FlashInfer NVLink prepare() against every property, per regime.
 
-    python -m dispatcher.sglang_verdicts --engine vllm            # the pinned releases
-    python -m dispatcher.sglang_verdicts --engine vllm 0.33.0 0.33.0@two-sided /path/to/vllm
+    python -m dispatcher.verdicts --engine vllm            # the pinned releases
+    python -m dispatcher.verdicts --engine vllm 0.33.0 0.33.0@two-sided /path/to/vllm
 
 For each release (one-sided, and two-sided where it ships the file) and each regime of
 ``strategies.vllm_worlds``, Hypothesis searches for a world where the release's own prepare()
@@ -24,9 +24,11 @@ from ..model.world import World
 from .fetch import RELEASES
 from .loader import VLLMRelease, release_from_spec
 
-__all__ = ["RELEASES", "REGIME_EXAMPLES", "Verdict", "broken_columns", "regime_verdicts",
+__all__ = ["TITLE", "default_specs", "compat_specs", "RELEASES", "REGIME_EXAMPLES", "Verdict",
+           "broken_columns", "regime_verdicts",
            "tables", "TWO_SIDED_REGIMES"]
 
+TITLE = "vLLM FlashInfer NVLink prepare/finalize"
 REGIME_EXAMPLES = 300
 TWO_SIDED_REGIMES = ("any", "dp-only", "dp-padding")  # no SP split, needs DP metadata
 
@@ -52,7 +54,7 @@ def regime_verdicts(release: VLLMRelease, max_examples: int = REGIME_EXAMPLES) -
 
 
 def _cross_round_cell(release: VLLMRelease, notes: List[str]) -> str:
-    if release.side == "two-sided":
+    if not release.runs_modelled_a2a:
         return "n/a"
     with using(PINNED_RELEASES_GENERATION):  # the only one they run on (docs/flashinfer.md)
         hazard = cross_round_search(release, REGIME_EXAMPLES)
@@ -61,6 +63,18 @@ def _cross_round_cell(release: VLLMRelease, notes: List[str]) -> str:
     notes.append(f"[{len(notes) + 1}] {release.spec} {CROSS_ROUND}: {hazard.detail}; "
                  f"`{hazard.example!r}`")
     return f"exposed [{len(notes)}]"
+
+
+def default_specs() -> List[str]:
+    """Every pinned release, and the two-sided backend of the oldest and the newest."""
+    return ([f"vllm:{v}" for v in RELEASES]
+            + [f"vllm:{RELEASES[0]}@two-sided", f"vllm:{RELEASES[-1]}@two-sided"])
+
+
+def compat_specs() -> List[str]:
+    """The rows of the engine x FlashInfer table (docs/flashinfer.md): every release with
+    each backend."""
+    return [f"vllm:{v}" for v in RELEASES] + [f"vllm:{v}@two-sided" for v in RELEASES]
 
 
 def tables(specs) -> str:

@@ -174,7 +174,7 @@ def test_bad_sglang_targets_are_policy_errors(tmp_path, monkeypatch):
 
 
 def test_the_verdict_command_refuses_specs_its_engine_filter_would_drop():
-    out = subprocess.run([sys.executable, "-m", "dispatcher.sglang_verdicts", "--engine", "vllm",
+    out = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", "--engine", "vllm",
                           "0.5.23"], capture_output=True, text=True, cwd=SOURCE, timeout=120)
     assert out.returncode == 2 and "does not gate 0.5.23" in out.stderr
 

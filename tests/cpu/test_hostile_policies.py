@@ -323,6 +323,6 @@ def test_a_module_that_starts_a_child_at_import_loads_and_its_child_goes(hostile
 def test_the_verdicts_command_loads_a_file_in_a_child_first(tmp_path):
     engine = tmp_path / "flashinfer.py"
     engine.write_text("import os\nos._exit(0)\n")
-    done = subprocess.run([sys.executable, "-m", "dispatcher.sglang_verdicts", f"sglang:{engine}"],
+    done = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", f"sglang:{engine}"],
                           capture_output=True, text=True, timeout=120, cwd=SOURCE)
     assert done.returncode == 2 and "ended the process" in done.stderr, done.stdout + done.stderr

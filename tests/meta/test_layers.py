@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.engines import ENGINES
+
 from .. import SOURCE
 
 
@@ -15,9 +17,10 @@ LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.procs": 0, "dispatcher.engines": 1, "dispatcher.runner": 1,
     "dispatcher.engine_tensors": 1,
     "dispatcher.emulator": 2, "strategies": 2, "dispatcher.flashinfer": 2, "dispatcher.standins": 2,
-    "dispatcher.gpu": 3, "dispatcher.sglang": 3, "dispatcher.vllm": 3,
+    "dispatcher.gpu": 3, **{f"dispatcher.{name}": 3 for name in ENGINES},  # an engine's folder
     "dispatcher.cross_round_verdicts": 3,
-    "dispatcher.policies": 4, "dispatcher.__main__": 4, "dispatcher.sglang_verdicts": 4,
+    "dispatcher.policies": 4, "dispatcher.__main__": 4, "dispatcher.verdicts": 4,
+    "dispatcher.compat": 4,
     "dispatcher": 4,  # the package's __init__ re-exports the model's names
     "dispatcher.plugin": 5, "dispatcher.bisect": 6, "dispatcher.cli": 6,
 }

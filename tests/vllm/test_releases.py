@@ -2,7 +2,7 @@
 from PyPI with ``pip download --no-deps``, verified and cached in ``.vllm/``).
 
 EXPECTED is the vLLM verdict table of docs/vllm.md, measured with
-``python -m dispatcher.sglang_verdicts --engine vllm``; every cell is re-measured here on
+``python -m dispatcher.verdicts --engine vllm``; every cell is re-measured here on
 every run, and the one failure vLLM's history has in this gate (prepare() raising under
 prefill context parallelism with DP = 1, until 0.32.0) is pinned with its shrunk world.
 """

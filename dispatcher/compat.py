@@ -1,12 +1,13 @@
-"""``python -m dispatcher.flashinfer_compat``: every pinned SGLang and vLLM release on each
-FlashInfer generation the gate models (the table in docs/flashinfer.md).
+"""``python -m dispatcher.compat``: every pinned release of every engine on each FlashInfer
+generation the gate models (the table in docs/flashinfer.md).
 
 Each cell runs the release's own file on one step (eager decode, 4 EP ranks, 8 tokens; DP
-attention for vLLM, whose older releases refuse a sequence-parallel step) with
+attention where the engine's record asks for it: ``Engine.compat_dp_size``) with
 FlashInfer's API as that generation's source defines it (``dispatcher/flashinfer/api.py``):
 ``runs`` when the release reaches the launch, else the error the release raises there, as it
 would in production; where it runs the one-sided A2A, whether its runtimes along a sequence of
-steps expose the generation's cross-round race (``cross_round_verdicts``). tests/meta/test_flashinfer_compat.py checks the docs table is this one.
+steps expose the generation's cross-round race (``cross_round_verdicts``).
+tests/meta/test_compat.py checks the docs table is this one.
 """
 from __future__ import annotations
 
@@ -14,14 +15,20 @@ import argparse
 import sys
 from typing import Dict, List, Tuple
 
+from .engines import ENGINES, engine_of_spec
 from .model.generations import GENERATIONS, using
 from .model.world import World
 from .wheels import ReleaseError
 
-__all__ = ["cell", "table", "markdown", "STEP"]
+__all__ = ["cell", "table", "markdown", "step_for", "specs"]
 
-STEP = World(ep_size=4, dp_size=1, group_tokens=(8,), max_num_tokens=64)
-DP_STEP = World(ep_size=4, dp_size=4, group_tokens=(2, 2, 2, 2), max_num_tokens=64)  # vLLM
+TOKENS, EP = 8, 4
+
+
+def step_for(dp_size: int, version: str) -> World:
+    """The one step: 4 EP ranks, 8 tokens over ``dp_size`` DP groups, on ``version``."""
+    return World(ep_size=EP, dp_size=dp_size, group_tokens=(TOKENS // dp_size,) * dp_size,
+                 max_num_tokens=64, flashinfer=version)
 
 
 def cell(spec: str, version: str) -> str:
@@ -31,12 +38,12 @@ def cell(spec: str, version: str) -> str:
 
     with using(version):
         policy = load_policy(spec)[1]
-        world = properties.world_for(policy, DP_STEP if spec.startswith("vllm") else STEP)
+        world = properties.world_for(policy, step_for(engine_of_spec(spec).compat_dp_size, version))
         try:
             properties.rule_values(policy, world, spec)
         except properties.RuleCrashed as exc:
             return _first_error(str(exc))
-        if getattr(policy, "side", None) == "two-sided":  # other kernels: no such layout
+        if not policy.runs_modelled_a2a:  # other kernels: no such layout
             return "runs"
         from strategies.search import visited
 
@@ -56,11 +63,8 @@ def _first_error(text: str) -> str:
 
 
 def specs() -> List[str]:
-    from .sglang.verdicts import RELEASES as SGLANG
-    from .vllm.verdicts import RELEASES as VLLM
-
-    return ([f"sglang:{v}" for v in SGLANG] + [f"vllm:{v}" for v in VLLM]
-            + [f"vllm:{v}@two-sided" for v in VLLM])
+    """Every engine's pinned releases (vLLM's also with the two-sided backend)."""
+    return [s for e in ENGINES.values() for s in e.verdicts().compat_specs()]
 
 
 def table() -> Dict[str, Tuple[str, ...]]:
@@ -76,7 +80,7 @@ def markdown(rows: Dict[str, Tuple[str, ...]]) -> str:
 
 
 def main(argv=None) -> int:
-    argparse.ArgumentParser(prog="python -m dispatcher.flashinfer_compat",
+    argparse.ArgumentParser(prog="python -m dispatcher.compat",
                             description=__doc__.split("\n\n")[0]).parse_args(argv)
     try:
         print(markdown(table()))
