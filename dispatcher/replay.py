@@ -115,7 +115,7 @@ def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
         return BAD_INPUT
     try:
         if paired:
-            from .sglang.classes import BUGS
+            from .sglang.bug_classes import BUGS
             from .sglang.sequences import check_steps
 
             hazards = check_steps(policy, steps, BUGS)
@@ -138,7 +138,7 @@ def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
 
 def _engine_classes(release, world, ctx) -> int:
     """Every bug class on this step of an SGLang release; the number violated."""
-    from .sglang.classes import BUG_CLASSES, check_step, describe_step
+    from .sglang.bug_classes import BUG_CLASSES, check_step, describe_step
 
     print(describe_step(release, world, ctx, release.step(world, ctx)))
     failed = 0

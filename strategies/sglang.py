@@ -1,7 +1,8 @@
 """(world, SGLang context) pairs: the steps SGLang's dispatcher can be asked to size.
 
-``sglang_contexts()`` draws every switch; ``sglang_steps(regime)`` draws the steps of one
-bug class's regime (``dispatcher/sglang/classes.py``), or of all of them (``"any"``), built
+``sglang_contexts()`` draws every switch; ``sglang_steps()`` draws any step, and one strategy
+per bug class draws the steps of its regime (each class's record names it:
+``dispatcher/sglang/bug_classes.py``), built
 so that SGLang could produce each one: a CUDA-graph capture runs one batch size on every
 rank, a replayed batch fits a graph bucket, an all-idle step exists only where the
 scheduler skips its all-gather (otherwise no idle batch runs), which only deployments that
@@ -22,10 +23,9 @@ from dispatcher.model.sglang_context import CAPTURE_SIZES, FORWARD_MODES, SGLang
 
 from .worlds import group_token_counts, worlds
 
-__all__ = ["REGIMES", "sglang_contexts", "sglang_steps", "sglang_sequences"]
-
-REGIMES = ("any", "sp-prescatter", "constructed-cap", "collapsed-dp-global",
-           "cuda-graph-buckets", "all-idle", "stale-draft", "padding-slots", "extend-over-cap")
+__all__ = ["sglang_contexts", "sglang_steps", "sglang_sequences", "sp_prescatter_steps",
+           "constructed_cap_steps", "collapsed_dp_global_steps", "cuda_graph_bucket_steps",
+           "all_idle_steps", "stale_draft_steps", "padding_slot_steps", "extend_over_cap_steps"]
 CHUNKED_PREFILL_SIZES = (2048, 4096, 8192, 16384)
 MAX_EP = 8  # every rank runs SGLang's dispatch() per example: keep worlds cheap
 
@@ -93,45 +93,67 @@ _SKEWED_DP = dict(dp_attention="full", ep_sizes=(3, 4, 6, 8), shape="one_hot")
 
 
 @st.composite
-def sglang_steps(draw, regime: str = "any"):
-    """``(world, ctx)`` in ``regime`` (one of REGIMES)."""
-    if regime == "any":
-        ctx = draw(_ANY_CONTEXT)
-        skewed = draw(st.integers(0, 3)) == 0
-        world = draw(_worlds(**_SKEWED_DP) if skewed else _worlds(dp_attention=draw(_ANY_TOPOLOGY)))
-        return _producible(world, ctx), ctx
-    if regime == "sp-prescatter":
-        return draw(_worlds(ep_sizes=(2, 3, 4, 8), dp_attention=False)), SGLangContext()
-    if regime == "constructed-cap":
-        ctx = SGLangContext(cap_from_env=draw(st.booleans()),
-                            chunked_prefill_size=draw(_CAP_SIZES))
-        world = draw(_worlds(fitting_only=True, dp_attention=draw(_ANY_TOPOLOGY)))
-        return _producible(world, ctx), ctx
-    if regime == "collapsed-dp-global":
-        world = draw(_worlds(dp_attention=draw(_DP_ATTENTION), fitting_only=True))
-        return world, SGLangContext(**COLLAPSING)
-    if regime == "cuda-graph-buckets":
-        ctx = SGLangContext(forward_mode="replay", **COLLAPSING)
-        world = draw(_worlds(dp_attention=draw(_DP_ATTENTION), max_tokens=CAPTURE_SIZES[-1],
-                             fitting_only=True))
-        return _producible(world, ctx), ctx
-    if regime == "all-idle":
-        ctx = SGLangContext(skip_all_gather=True)
-        return draw(_worlds(dp_attention=draw(_DP_ATTENTION), shape="all_zero")), ctx
-    if regime == "stale-draft":  # a hazard (the hardening column), not a context SGLang makes
-        ctx = SGLangContext(speculative=True, draft_forward=True, stale_by=draw(_STALE))
-        world = draw(_worlds(fitting_only=True, dp_attention=draw(_ANY_TOPOLOGY)))
-        return _producible(world, ctx), ctx
-    if regime == "padding-slots":
-        world = draw(_worlds(fitting_only=True, dp_attention=draw(_ANY_TOPOLOGY)))
-        return world, SGLangContext()
-    if regime == "extend-over-cap":
-        ctx = SGLangContext(forward_mode=draw(st.sampled_from(("extend", "decode", "mixed"))),
-                            sp_prefill_a2a=draw(st.booleans()))
-        world = draw(_worlds(cap_placement="payload_minus_1", dp_attention=draw(_ANY_TOPOLOGY)))
-        assume(not world.payload_fits_cap)
-        return world, ctx
-    raise ValueError(f"unknown regime {regime!r}: one of {REGIMES}")
+def sglang_steps(draw):
+    """``(world, ctx)``: any step SGLang can produce (every bug class's regime and beyond)."""
+    ctx = draw(_ANY_CONTEXT)
+    skewed = draw(st.integers(0, 3)) == 0
+    world = draw(_worlds(**_SKEWED_DP) if skewed else _worlds(dp_attention=draw(_ANY_TOPOLOGY)))
+    return _producible(world, ctx), ctx
+
+
+# --- one regime per bug class: each class's record names its strategy (``BugClass.steps``) ---
+@st.composite
+def sp_prescatter_steps(draw):
+    return draw(_worlds(ep_sizes=(2, 3, 4, 8), dp_attention=False)), SGLangContext()
+
+
+@st.composite
+def constructed_cap_steps(draw):
+    ctx = SGLangContext(cap_from_env=draw(st.booleans()), chunked_prefill_size=draw(_CAP_SIZES))
+    world = draw(_worlds(fitting_only=True, dp_attention=draw(_ANY_TOPOLOGY)))
+    return _producible(world, ctx), ctx
+
+
+@st.composite
+def collapsed_dp_global_steps(draw):
+    world = draw(_worlds(dp_attention=draw(_DP_ATTENTION), fitting_only=True))
+    return world, SGLangContext(**COLLAPSING)
+
+
+@st.composite
+def cuda_graph_bucket_steps(draw):
+    ctx = SGLangContext(forward_mode="replay", **COLLAPSING)
+    world = draw(_worlds(dp_attention=draw(_DP_ATTENTION), max_tokens=CAPTURE_SIZES[-1],
+                         fitting_only=True))
+    return _producible(world, ctx), ctx
+
+
+@st.composite
+def all_idle_steps(draw):
+    ctx = SGLangContext(skip_all_gather=True)
+    return draw(_worlds(dp_attention=draw(_DP_ATTENTION), shape="all_zero")), ctx
+
+
+@st.composite
+def stale_draft_steps(draw):  # a hazard (the hardening column), not a context SGLang makes
+    ctx = SGLangContext(speculative=True, draft_forward=True, stale_by=draw(_STALE))
+    world = draw(_worlds(fitting_only=True, dp_attention=draw(_ANY_TOPOLOGY)))
+    return _producible(world, ctx), ctx
+
+
+@st.composite
+def padding_slot_steps(draw):
+    world = draw(_worlds(fitting_only=True, dp_attention=draw(_ANY_TOPOLOGY)))
+    return world, SGLangContext()
+
+
+@st.composite
+def extend_over_cap_steps(draw):
+    ctx = SGLangContext(forward_mode=draw(st.sampled_from(("extend", "decode", "mixed"))),
+                        sp_prefill_a2a=draw(st.booleans()))
+    world = draw(_worlds(cap_placement="payload_minus_1", dp_attention=draw(_ANY_TOPOLOGY)))
+    assume(not world.payload_fits_cap)
+    return world, ctx
 
 
 @st.composite

@@ -21,7 +21,7 @@ from ..model.generations import replay_flag
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
 from ..sizing import NotApplicable
-from .classes import class_problem, describe_step, step_problem
+from .bug_classes import class_problem, describe_step, step_problem
 from .loader import SGLangRelease
 
 __all__ = ["SequenceFailure", "check_steps", "replay_line"]

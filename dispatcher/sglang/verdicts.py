@@ -3,8 +3,8 @@
     python -m dispatcher.verdicts --engine sglang     # every distinct release 0.5.10-0.5.23
     python -m dispatcher.verdicts 0.5.23 /path/to/sglang
 
-Bug classes (``classes.py``): for each release and class, Hypothesis searches that class's
-regime (``strategies.sglang_steps``) for a step where the release's own dispatch() breaks the
+Bug classes (``bug_classes.py``): for each release and class, Hypothesis searches that class's
+regime (``BugClass.steps``) for a step where the release's own dispatch() breaks the
 class's check, and shrinks it. A class none of whose steps the release's own server-arg checks
 accept is "unreachable" there (with the refusing file:line); a hazard (a context SGLang's own
 code never produces) has its own column, "hardening": "exposed" or "hardened", never FAIL. Properties: the same for each property of the sizing rule in
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from strategies import sglang_steps, worlds
+from strategies import worlds
 from strategies.search import minimal
 
 from ..cross_round_verdicts import COLUMN as CROSS_ROUND, LEGEND as CROSS_ROUND_LEGEND
@@ -26,7 +26,7 @@ from ..model.generations import PINNED_RELEASES_GENERATION, using
 from ..model.properties import COLUMNS, RuleCrashed, breaks, rule_values
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
-from .classes import BUG_CLASSES, BUGS, HAZARDS, check_step
+from .bug_classes import BUG_CLASSES, BUGS, HAZARDS, check_step
 from .loader import SGLangRelease, release_from_spec
 from .sources import RELEASES
 
@@ -49,7 +49,7 @@ class Verdict:
 
 def reachable(release: SGLangRelease, key: str, max_examples: int = CLASS_EXAMPLES) -> bool:
     """Whether some step of class ``key``'s regime is one the release accepts."""
-    return minimal(sglang_steps(key), lambda wc: BUG_CLASSES[key].applies(*wc)
+    return minimal(BUG_CLASSES[key].steps(), lambda wc: BUG_CLASSES[key].applies(*wc)
                    and release.refusal(*wc) is None, max_examples) is not None
 
 
@@ -60,7 +60,7 @@ def class_verdicts(release: SGLangRelease, max_examples: int = CLASS_EXAMPLES) -
             out[key] = Verdict(key, None, f"unreachable in {release.label}: "
                                f"{release.hooks.scheduler.sources['topology']}", True)
             continue
-        found = minimal(sglang_steps(key), lambda wc, key=key: check_step(release, key, *wc) is not None,
+        found = minimal(BUG_CLASSES[key].steps(), lambda wc, key=key: check_step(release, key, *wc) is not None,
                         max_examples)
         detail = "" if found is None else check_step(release, key, *found).splitlines()[0]
         out[key] = Verdict(key, found, detail.split("] ", 1)[-1])

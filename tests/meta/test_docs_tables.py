@@ -58,6 +58,18 @@ def test_the_sglang_class_table_is_the_expected_one():
                 assert word in ("pass", "hardened"), (release, key, cell)
 
 
+def test_the_sglang_class_records_are_the_code_ones():
+    """docs/sglang.md's table of classes: one row per bug class, its public record the one
+    its ``BugClass`` carries."""
+    from dispatcher.sglang.bug_classes import BUG_CLASSES
+
+    rows = {label.split()[0].strip("`"): cells
+            for label, cells in _table("docs/sglang.md", "| class | public record |").items()}
+    assert set(BUG_CLASSES) <= set(rows)
+    for key, bug in BUG_CLASSES.items():
+        assert rows[key]["public record"] == bug.record, key
+
+
 def test_the_sglang_property_table_is_the_expected_one():
     from ..sglang.test_releases import EXPECTED_PROPERTIES
 

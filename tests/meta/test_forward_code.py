@@ -15,7 +15,7 @@ from dispatcher.model.sglang_context import CAPTURE_SIZES, SGLangContext  # noqa
 from dispatcher.model.world import World  # noqa: E402
 from dispatcher.policies import load_policy  # noqa: E402
 from dispatcher.sglang import fetch, sources  # noqa: E402
-from dispatcher.sglang.classes import check_step  # noqa: E402
+from dispatcher.sglang.bug_classes import check_step  # noqa: E402
 from dispatcher.sizing import ceil_align  # noqa: E402
 
 pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("sglang")]

@@ -23,7 +23,7 @@ NEEDS_TORCH = needs_torch(reason="SGLang's dispatcher needs torch: pip install t
 
 from dispatcher.policies import load_policy  # noqa: E402
 from dispatcher.sglang import fetch  # noqa: E402
-from dispatcher.sglang.classes import BUGS  # noqa: E402
+from dispatcher.sglang.bug_classes import BUG_CLASSES, BUGS  # noqa: E402
 from dispatcher.sglang import loader  # noqa: E402
 from dispatcher.sglang.sources import RELEASES  # noqa: E402
 from strategies import sglang_steps  # noqa: E402
@@ -115,7 +115,8 @@ def test_behaviour_preserving_edits_do_what_the_release_does(regime, tmp_path):
         except Exception as exc:
             theirs = type(exc).__name__
         return mine != theirs
-    hit = first_in(visited(sglang_steps(regime), STEPS), differs)
+    hit = first_in(visited(BUG_CLASSES[regime].steps() if regime in BUG_CLASSES else sglang_steps(),
+                           STEPS), differs)
     assert hit is None, f"the edited file differs from {NEWEST} on {hit!r}"
 
 

@@ -10,7 +10,9 @@ from dispatcher.model.parse import parse_context, parse_world
 from dispatcher.model.world import MoeConfig
 from strategies import a2a_worlds, moe_configs, regimes, sglang_steps, worlds
 from strategies.search import assert_all_examples, find_any, minimal
-from strategies.sglang import REGIMES as SGLANG_REGIMES
+from dispatcher.sglang.bug_classes import BUG_CLASSES
+
+BUG_CLASS_KEYS = list(BUG_CLASSES)
 
 REGIMES = ["dp_global=recorded", "dp_global=none", "dp_global=empty", "dp_attention",
            "no_dp_attention", "sp_scatter", "dp_attention_with_attn_tp", "max_len_padding",
@@ -72,12 +74,11 @@ def test_worlds_follow_the_scheduler_model(world):
         assert len(set(world.rows_per_rank)) == 1
 
 
-@pytest.mark.parametrize("regime", [r for r in SGLANG_REGIMES if r != "any"])
+@pytest.mark.parametrize("regime", BUG_CLASS_KEYS)
 def test_every_step_of_a_regime_is_in_its_class(regime):
-    """sglang_steps(regime) draws only steps its bug class applies to (nothing wasted)."""
-    from dispatcher.sglang.classes import BUG_CLASSES
-
-    assert_all_examples(sglang_steps(regime), lambda step: BUG_CLASSES[regime].applies(*step), 150)
+    """A bug class's strategy draws only steps its class applies to (nothing wasted)."""
+    bug = BUG_CLASSES[regime]
+    assert_all_examples(bug.steps(), lambda step: bug.applies(*step), 150)
 
 
 @pytest.mark.parametrize("label, condition", [
@@ -95,13 +96,13 @@ def test_any_sglang_step_reaches(label, condition):
 
     if condition is None:
         for mode in FORWARD_MODES:
-            find_any(sglang_steps("any"), lambda step, mode=mode: step[1].forward_mode == mode)
+            find_any(sglang_steps(), lambda step, mode=mode: step[1].forward_mode == mode)
         return
-    find_any(sglang_steps("any"), lambda step: condition(*step))
+    find_any(sglang_steps(), lambda step: condition(*step))
 
 
 @settings(max_examples=200)
-@given(step=sglang_steps("any"))
+@given(step=sglang_steps())
 def test_sglang_steps_are_producible(step):
     """Capture runs one batch size; skipping the all-gather needs equal batches; a derived
     cap is max(chunked_prefill_size, 4096); nothing idle runs without the skip."""

@@ -12,7 +12,7 @@ NEEDS_TORCH = needs_torch(reason="SGLang's dispatcher needs torch: pip install t
                     "(the CPU build) or pip install -e '.[sglang]'")
 from hypothesis import event, given, reject  # noqa: E402
 
-from dispatcher.sglang.classes import (  # noqa: E402
+from dispatcher.sglang.bug_classes import (  # noqa: E402
     BUG_CLASSES,
     BUGS,
     check_step,
@@ -55,14 +55,14 @@ def test_engine_has_no_bug_class(engine, key):
         pytest.skip(f"{engine.label} is known to ship {key} (docs/sglang.md): test_releases "
                     f"checks it fails as expected")
 
-    @given(step=sglang_steps(key))
+    @given(step=BUG_CLASSES[key].steps())
     def run(step):
         problem = check_step(engine, key, *step)
         assert problem is None, problem
     run()
 
 
-@given(step=sglang_steps("any"))
+@given(step=sglang_steps())
 def test_engine_in_every_context(engine, step):
     """Any step SGLang can produce: all ranks do the same thing; a launch is sound; a
     refusal happens only where no valid runtime exists (or in a mode SGLang refuses)."""

@@ -18,11 +18,11 @@ from dispatcher.model.generations import PINNED_RELEASES_GENERATION, using  # no
 from dispatcher.model.properties import COLUMNS, breaks  # noqa: E402
 from dispatcher.model.sglang_context import SGLangContext  # noqa: E402
 from dispatcher.model.world import MoeConfig, World  # noqa: E402
-from dispatcher.sglang.classes import BUG_CLASSES, HAZARDS, check_step  # noqa: E402
+from dispatcher.sglang.bug_classes import BUG_CLASSES, HAZARDS, check_step  # noqa: E402
 from dispatcher.sglang.loader import load_release  # noqa: E402
 from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
 from dispatcher.sizing import NotApplicable  # noqa: E402
-from strategies import sglang_steps, worlds  # noqa: E402
+from strategies import worlds  # noqa: E402
 from strategies.search import first_in, minimal, visited  # noqa: E402
 
 pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("sglang")]
@@ -68,34 +68,6 @@ CLASS_EXAMPLES = 150  # per cell: a failing cell is found within a few dozen ste
 ONE_SEARCH_PER_CLASS = [pytest.param(key, marks=pytest.mark.xdist_group(f"sglang-steps-{key}"))
                         for key in BUG_CLASSES]
 
-# The first release that ships each class, and the shrunk step it fails on (measured).
-FIRST_SEEN = {
-    "sp-prescatter": ("0.5.10", World(ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=1),
-                      SGLangContext()),
-    "constructed-cap": ("0.5.10", World(ep_size=2, dp_size=1, group_tokens=(1,), max_num_tokens=1),
-                        SGLangContext()),
-    "collapsed-dp-global": ("0.5.10", World(ep_size=2, dp_size=2, group_tokens=(0, 1),
-                                            max_num_tokens=1),
-                            SGLangContext(moe_dense_tp_size=1, enable_dp_lm_head=True)),
-    "cuda-graph-buckets": ("0.5.10", World(ep_size=2, dp_size=2, group_tokens=(2, 0),
-                                           max_num_tokens=2),
-                           SGLangContext(forward_mode="replay", moe_dense_tp_size=1,
-                                         enable_dp_lm_head=True)),
-    "all-idle": ("0.5.15", World(ep_size=2, dp_size=2, group_tokens=(0, 0), max_num_tokens=1),
-                 SGLangContext(skip_all_gather=True)),
-    "stale-draft": ("0.5.10", World(ep_size=1, dp_size=1, group_tokens=(2,), max_num_tokens=2),
-                    SGLangContext(speculative=True, draft_forward=True, stale_by=1)),
-    "padding-slots": ("0.5.10", World(ep_size=1, dp_size=1, group_tokens=(1,), max_num_tokens=1),
-                      SGLangContext()),
-    "extend-over-cap": ("0.5.10", World(ep_size=1, dp_size=1, group_tokens=(2,), max_num_tokens=1),
-                        SGLangContext(forward_mode="extend")),
-}
-WORDS = {  # what each first failure must say
-    "sp-prescatter": "the pre-scatter count", "constructed-cap": "max_num_tokens=2",
-    "collapsed-dp-global": "different runtimes", "cuda-graph-buckets": "replaying buckets [2, 1]",
-    "all-idle": "runtime 0", "stale-draft": "runtime 1 < 2 rows",  # a hazard: "exposed"
-    "padding-slots": "without invalid_token_expert_id", "extend-over-cap": "over its cap 1",
-}
 
 
 @pytest.fixture(scope="session")
@@ -110,10 +82,9 @@ def _shipped(version):
 
 def test_the_tables_cover_every_release_and_class():
     assert set(EXPECTED_CLASSES) == set(RELEASES) == set(EXPECTED_HAZARDS)
-    assert set(FIRST_SEEN) == set(BUG_CLASSES) == set(WORDS)
     assert all(set(h) <= set(HAZARDS) | {cross_round.COLUMN} for h in EXPECTED_HAZARDS.values())
     assert not any(set(c) & set(HAZARDS) for c in EXPECTED_CLASSES.values())
-    for key, (version, _, _) in FIRST_SEEN.items():
+    for key, version in ((k, c.first_seen[0]) for k, c in BUG_CLASSES.items()):
         assert key in _shipped(version)
         earlier = RELEASES[:RELEASES.index(version)]
         assert not any(key in _shipped(v) for v in earlier), f"{key} seen before {version}"
@@ -125,7 +96,7 @@ def test_release_ships_exactly_its_bug_classes(releases, version, key):
     """Every cell of the class table. A shipped class must be found (not shrunk here: the
     pinned test below reads the shrunk example), a fixed one must not."""
     release = releases[version]
-    steps = visited(sglang_steps(key), CLASS_EXAMPLES)  # one search, every release's cell
+    steps = visited(BUG_CLASSES[key].steps(), CLASS_EXAMPLES)  # one search, every release's cell
     accepted = [st for st in steps if BUG_CLASSES[key].applies(*st) and release.refusal(*st) is None]
     if key in EXPECTED_UNREACHABLE.get(version, ()):
         assert not accepted, f"{version} is expected to refuse every {key} step, yet it accepts " \
@@ -156,9 +127,9 @@ def test_release_cross_round_hazard(releases, version):
 def test_each_class_is_pinned_on_the_first_release_that_shipped_it(releases, key):
     """The shrunk counterexample of the first release with the class, as it reads; the
     newest release passes the same step unless it still ships the class."""
-    version, world, ctx = FIRST_SEEN[key]
+    version, world, ctx = BUG_CLASSES[key].first_seen
     problem = check_step(releases[version], key, world, ctx)
-    assert problem is not None and WORDS[key] in problem, problem
+    assert problem is not None and BUG_CLASSES[key].words in problem, problem
     assert "what SGLang" in problem and "replay: python -m dispatcher --policy" in problem
     if key not in _shipped(RELEASES[-1]):
         assert check_step(releases[RELEASES[-1]], key, world, ctx) is None
@@ -169,7 +140,7 @@ def test_cuda_graph_bucket_regression_and_fix(releases):
     buckets pass different runtimes (#30242); 0.5.14 used the static cap there, and the
     fix (#30450, 0.5.16) makes require_mlp_tp_gather() True for FlashInfer A2A, so every
     rank picks its bucket from the cross-rank max."""
-    _, world, ctx = FIRST_SEEN["cuda-graph-buckets"]
+    _, world, ctx = BUG_CLASSES["cuda-graph-buckets"].first_seen
     verdicts = {v: check_step(releases[v], "cuda-graph-buckets", world, ctx)
                 for v in ("0.5.14", "0.5.15", "0.5.16")}
     assert verdicts["0.5.14"] is None and verdicts["0.5.16"] is None

@@ -1,7 +1,9 @@
 """The bug classes of SGLang's FlashInfer dispatcher, each as a check on one step.
 
-Every class is a regime (``strategies.sglang_steps(regime)`` draws its worlds and contexts)
-and a check on what every EP rank's own ``dispatch()`` did in it. A check returns ``None``
+Every class is one record: a regime (``applies``, and the strategy that draws its worlds and
+contexts, ``steps``), a check on what every EP rank's own ``dispatch()`` did in it, the first
+release that shipped it with the shrunk step it fails on there, and the words that failure
+must say (``tests/sglang/test_releases.py`` re-measures both). A check returns ``None``
 or the violation in words, with what SGLang itself saw (the ``dp_global`` each rank was
 handed, the cap and workspace it constructed, the expert id it marks padding with) and a
 replay line. docs/sglang.md gives the public record of each class.
@@ -9,11 +11,12 @@ replay line. docs/sglang.md gives the public record of each class.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import strategies.sglang as regimes
 from ..model.sglang_context import SGLangContext
-from ..model.generations import replay_flag
+from ..model.generations import PINNED_RELEASES_GENERATION, replay_flag
 from ..model.mnnvl import workspace_size_per_rank
 from ..model.world import World
 from ..sizing import NotApplicable
@@ -32,6 +35,11 @@ class BugClass:
     record: str  # where the public record of it is
     applies: Callable[[World, SGLangContext], bool]  # is a step in this class's regime
     check: Callable[[SGLangRelease, World, SGLangContext, List[Outcome]], Optional[str]]
+    steps: Callable[[], object]  # the Hypothesis strategy of its regime's (world, ctx) steps
+    # the first release that ships it and the shrunk step it fails on there (measured), and
+    # what that failure must say
+    first_seen: Tuple[str, World, SGLangContext]
+    words: str
     # A hazard, not a bug: the dispatcher would break only if another component broke its
     # invariant (a context SGLang's own code does not produce). Its own column of the
     # verdict table ("hardening"), never a failing test.
@@ -178,25 +186,49 @@ def _eager(ctx: SGLangContext) -> bool:
     return ctx.forward_mode == "decode" and not ctx.draft_forward
 
 
+def _step(ep_size, dp_size, group_tokens, max_num_tokens) -> World:
+    """A measured step of a pinned release (on the generation the releases run on)."""
+    return World(ep_size=ep_size, dp_size=dp_size, group_tokens=group_tokens,
+                 max_num_tokens=max_num_tokens, flashinfer=PINNED_RELEASES_GENERATION)
+
+
+_COLLAPSING = SGLangContext(**regimes.COLLAPSING)
 BUG_CLASSES: Dict[str, BugClass] = {c.key: c for c in (
     BugClass("sp-prescatter", "SP runtime above the post-scatter rows", "SGLang #25685",
-             lambda w, c: _eager(c) and not w.dp_attention and w.attn_tp_size > 1, _sp_prescatter),
+             lambda w, c: _eager(c) and not w.dp_attention and w.attn_tp_size > 1, _sp_prescatter,
+             regimes.sp_prescatter_steps, ("0.5.10", _step(2, 1, (1,), 1), SGLangContext()),
+             "the pre-scatter count"),
     BugClass("constructed-cap", "constructed cap", "SGLang #25907, #26643",
-             lambda w, c: True, _constructed_cap),
+             lambda w, c: True, _constructed_cap, regimes.constructed_cap_steps,
+             ("0.5.10", _step(2, 1, (1,), 1), SGLangContext()), "max_num_tokens=2"),
     BugClass("collapsed-dp-global", "collapsed dp_global", "SGLang #27945",
-             lambda w, c: _eager(c) and w.dp_attention and w.payload_fits_cap, _sound_launch),
+             lambda w, c: _eager(c) and w.dp_attention and w.payload_fits_cap, _sound_launch,
+             regimes.collapsed_dp_global_steps, ("0.5.10", _step(2, 2, (0, 1), 1), _COLLAPSING),
+             "different runtimes"),
     BugClass("cuda-graph-buckets", "per-rank CUDA-graph buckets",
              "SGLang #29461 -> #30242 -> #30450",
-             lambda w, c: c.forward_mode == "replay" and w.dp_attention, _cuda_graph_buckets),
+             lambda w, c: c.forward_mode == "replay" and w.dp_attention, _cuda_graph_buckets,
+             regimes.cuda_graph_bucket_steps,
+             ("0.5.10", _step(2, 2, (2, 0), 2), replace(_COLLAPSING, forward_mode="replay")),
+             "replaying buckets [2, 1]"),
     BugClass("all-idle", "all-idle DP step", "SGLang #22394",
-             lambda w, c: max(w.group_tokens) == 0, _sound_launch),
+             lambda w, c: max(w.group_tokens) == 0, _sound_launch, regimes.all_idle_steps,
+             ("0.5.15", _step(2, 2, (0, 0), 1), SGLangContext(skip_all_gather=True)),
+             "runtime 0"),
     BugClass("stale-draft", "stale draft dp_global (hazard)", "SGLang's MoRI recv-bound test",
-             lambda w, c: c.stale_by > 0, _sound_launch, hazard=True),
+             lambda w, c: c.stale_by > 0, _sound_launch, regimes.stale_draft_steps,
+             ("0.5.10", _step(1, 1, (2,), 2),
+              SGLangContext(speculative=True, draft_forward=True, stale_by=1)),
+             "runtime 1 < 2 rows", hazard=True),  # a hazard: "exposed"
     BugClass("padding-slots", "padding slots unmarked", "SGLang #24850",
-             lambda w, c: True, _padding),
+             lambda w, c: True, _padding, regimes.padding_slot_steps,
+             ("0.5.10", _step(1, 1, (1,), 1), SGLangContext()),
+             "without invalid_token_expert_id"),
     BugClass("extend-over-cap", "a batch over the cap", "SGLang #39818",
              lambda w, c: c.forward_mode in ("decode", "extend", "mixed") and not w.payload_fits_cap
-             and not c.draft_forward, _extend_over_cap),
+             and not c.draft_forward, _extend_over_cap, regimes.extend_over_cap_steps,
+             ("0.5.10", _step(1, 1, (2,), 1), SGLangContext(forward_mode="extend")),
+             "over its cap 1"),
 )}
 
 
