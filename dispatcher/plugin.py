@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 
 # Each xdist worker is one process of many: one thread each for numpy's BLAS, OpenMP and
@@ -25,45 +24,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 
-
-def _leave_hypothesis_unrewritten() -> None:
-    """pytest rewrites the asserts of every installed package that ships a pytest plugin,
-    Hypothesis's ~80 modules included, and caches nothing under PYTHONDONTWRITEBYTECODE=1
-    (set in many CI images): then every pytest process (the xdist controller, each worker,
-    each pytester run) compiles Hypothesis again, about 1.3 s of CPU. Hypothesis's own
-    asserts are internal invariants, plain Python asserts outside pytest; the tests' asserts
-    are still rewritten. Done before Hypothesis is first imported, which is here."""
-    try:
-        from _pytest.assertion.rewrite import AssertionRewritingHook
-    except ImportError:  # moved in a later pytest: only slower; tests/meta says so
-        return
-    for finder in sys.meta_path:
-        if isinstance(finder, AssertionRewritingHook) and "hypothesis" not in sys.modules:
-            getattr(finder, "_must_rewrite", set()).discard("hypothesis")
-            getattr(finder, "_marked_for_rewrite_cache", {}).clear()
-
-
-_leave_hypothesis_unrewritten()
-from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
+from dispatcher.plugin_profiles import PROFILES, _database, _saved_examples  # noqa: E402,F401
+from hypothesis import settings  # noqa: E402
 
 from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
 from dispatcher.model.guard import CALL_TIMEOUT  # noqa: E402
+from dispatcher.plugin_exit import (_OPEN_CONFIGS, _OUTER_PROFILE,  # noqa: E402,F401
+                                    pytest_sessionfinish, pytest_unconfigure)
+from dispatcher.plugin_fixtures import (_engine_generation, engine_under_test,  # noqa: E402,F401
+                                        load_release, pinned_releases, policy, policy_spec)
 from dispatcher.policies import (DEFAULT_POLICY, PolicyError, describe_policy,  # noqa: E402
-                                 engine_spec, load_policy, load_timeout_s, probe_policy)
-
-# --- Hypothesis profiles: registered once, chosen by HYPOTHESIS_PROFILE -------------------
-_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-PROFILES = {
-    "dev": settings(max_examples=200, **_common),
-    "ci": settings(max_examples=300, derandomize=True, print_blob=True, database=None, **_common),
-    "thorough": settings(max_examples=5000, **_common),
-    "gpu": settings(max_examples=60, derandomize=True, print_blob=True, database=None, **_common),
-    "repro": settings(max_examples=1, verbosity=Verbosity.verbose,
-                      phases=[Phase.explicit, Phase.reuse], **_common),
-}
-for _name, _profile in PROFILES.items():
-    settings.register_profile(_name, _profile)
+                                 engine_spec, load_timeout_s, probe_policy)
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -98,89 +70,6 @@ def pytest_addoption(parser, pluginmanager):
     group.addoption("--rule-budget-ms", type=float, default=properties.RULE_BUDGET.seconds * 1e3,
                     metavar="MS", help="mean milliseconds one rule call may take "
                                        "(default: %(default)s)")
-
-
-@pytest.fixture(scope="session")
-def policy_spec(request):
-    return request.config.getoption("--policy")
-
-
-@pytest.fixture(scope="session")
-def policy(policy_spec):
-    """The policy under test: a rule ``(RankView) -> int`` or an SGLang release."""
-    return load_policy(policy_spec)[1]
-
-
-@pytest.fixture(scope="session")
-def load_release(pytestconfig):
-    """``load(spec) -> release``: a pinned engine release; one that cannot be had fails the
-    test that asked for it, naming the release and why (a skip only with
-    ``--allow-missing-releases``), so a missing release never passes as "skipped"."""
-    allowed = pytestconfig.getoption("--allow-missing-releases")
-
-    def load(spec: str):
-        try:
-            return load_policy(spec)[1]
-        except PolicyError as exc:
-            (pytest.skip if allowed else pytest.fail)(
-                f"{spec} unavailable: {exc} (--allow-missing-releases skips instead)")
-    return load
-
-
-class Releases(dict):
-    """``releases[key]`` loaded on first use by ``load(key)``: one release that cannot be had
-    fails the tests that use it, not the others."""
-
-    def __init__(self, load):
-        super().__init__()
-        self._load = load
-
-    def __missing__(self, key):
-        self[key] = value = self._load(key)
-        return value
-
-
-@pytest.fixture(scope="session")
-def pinned_releases(load_release):
-    """``table("sglang:{}")``: the releases of that spec template, each loaded on first use."""
-    return lambda template: Releases(lambda v: load_release(template.format(v)))
-
-
-
-
-@pytest.fixture(autouse=True)
-def _engine_generation(request):
-    """Under ``engine_releases``: the pinned releases' history is a fact about the FlashInfer
-    they call, so it runs on that generation whatever ``--flashinfer`` says; the engine
-    under test (``--policy=sglang:...``/``vllm:...``) runs on the session's generation."""
-    mark = request.node.get_closest_marker("engine_releases")
-    if mark is None:
-        yield
-        return
-    engine = mark.args[0]
-    if mark.kwargs.get("under_test"):
-        policy_spec = request.config.getoption("--policy")
-        if engine_spec(policy_spec, engine) == policy_spec:
-            yield
-            return
-    from dispatcher.model.generations import PINNED_RELEASES_GENERATION, using
-
-    with using(PINNED_RELEASES_GENERATION):
-        yield
-
-
-@pytest.fixture(scope="session")
-def engine_under_test(policy_spec, load_release):
-    """``get(engine) -> (spec, release)``: what an engine's own tiers run (the ``--policy`` one
-    when it is that engine's, else its newest pinned release). A test that uses it carries
-    ``engine_releases(engine, under_test=True)``: that mark says whether it checks the policy
-    under test (``self_check``)."""
-    def get(engine: str):
-        spec = engine_spec(policy_spec, engine)
-        if spec == policy_spec:
-            return spec, load_policy(spec)[1]
-        return spec, load_release(spec)
-    return get
 
 
 MARKERS = {
@@ -283,7 +172,6 @@ def _preload_for_engine(config) -> None:
 
 _DESCRIBED = pytest.StashKey[str]()
 _PROFILE_KEY = pytest.StashKey[str]()
-_OUTER_PROFILE = pytest.StashKey[str]()
 
 
 def _raise_on_sigterm() -> None:
@@ -387,26 +275,6 @@ def pytest_report_header(config):
     return [line, f"hypothesis profile: {profile}; FlashInfer: {_flashinfer_version()} "
                   f"(modelled: {active().version}); "
                   f"GPU tiers: {flashinfer_missing() or 'available'}"]
-
-
-def _database(config):
-    """The example database: a checkout's own ``.hypothesis/`` (ignored by git), or beside
-    the release caches where the suite runs installed (``a2a-gate``), never in the folder the
-    gate is run from (an engine's checkout)."""
-    import dispatcher
-    from hypothesis.database import DirectoryBasedExampleDatabase
-
-    if config.rootpath == Path(dispatcher.__file__).resolve().parent / "suite":  # installed
-        from dispatcher.wheels import user_cache
-
-        return DirectoryBasedExampleDatabase(str(user_cache() / "hypothesis"))
-    return DirectoryBasedExampleDatabase(str(config.rootpath / ".hypothesis" / "examples"))
-
-
-def _saved_examples() -> bool:
-    """Whether the example database the repro profile replays holds anything."""
-    folder = getattr(settings().database, "path", None)
-    return folder is not None and Path(folder).is_dir() and any(Path(folder).iterdir())
 
 
 def _flashinfer_version() -> str:
@@ -554,78 +422,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(
             f"a2a-sizing-gate: {count} self-checks of the gate deselected (they do not depend "
             f"on --policy {config.getoption('--policy')}); --self-check runs them too")
-
-
-_EXIT = pytest.StashKey[int]()
-_REAL_EXIT = os._exit  # taken before any policy could replace it
-_OPEN_CONFIGS = []  # sessions of this process, outermost first (pytester runs nest inside)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    session.config.stash[_EXIT] = int(exitstatus)
-    if "dispatcher.gpu.warm" in sys.modules:
-        sys.modules["dispatcher.gpu.warm"].close_unused()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    """The run's status is this session's verdict, whatever the policy runs afterwards: a
-    non-daemon thread it left would keep the process alive (Python waits for such threads at
-    exit), and an ``atexit`` handler it registered could exit with another status
-    (``atexit.register(os._exit, 0)``). So, in the outermost session of a process that ran
-    foreign code: say what was left running and end now, or end first thing at exit (this
-    handler is registered last, and ``atexit`` runs handlers last-in, first-out)."""
-    import atexit
-    import threading
-
-    if config in _OPEN_CONFIGS:
-        _OPEN_CONFIGS.remove(config)
-    if _OPEN_CONFIGS and _OUTER_PROFILE in config.stash:  # a nested (pytester) session ended
-        settings.load_profile(config.stash[_OUTER_PROFILE])
-    if hasattr(config, "workerinput") and not _OPEN_CONFIGS:
-        _end_worker()
-    if hasattr(config, "workerinput") or _EXIT not in config.stash or _OPEN_CONFIGS:
-        return
-    status = config.stash[_EXIT]
-    stray = [t.name for t in threading.enumerate()
-             if t is not threading.main_thread() and t.is_alive() and not t.daemon]
-    if stray:
-        sys.stdout.flush()
-        sys.stderr.write(f"a2a-sizing-gate: non-daemon threads still running after the run "
-                         f"({', '.join(stray[:5])}): the policy under test started them; "
-                         f"exiting with the run's status ({status}) without waiting for them\n")
-        sys.stderr.flush()
-        _REAL_EXIT(status)
-    from dispatcher.policies import foreign_code_loaded
-
-    if foreign_code_loaded():
-        atexit.register(_end_with, status)
-
-
-def _end_worker() -> None:
-    """An xdist worker whose session is over (its results already sent to the controller,
-    which decides the run's status) ends now: tearing down a worker's heap at interpreter exit
-    (every loaded release, recorded search and tensor) took seconds the run waited for."""
-    _end_with(0)
-
-
-def _end_with(status: int) -> None:
-    """End this process with ``status`` now: flush, stop daemonic child processes as
-    multiprocessing would at exit (a rank pool's forkserver), and exit before any ``atexit``
-    handler a policy registered can run."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if "multiprocessing" in sys.modules:
-        try:
-            from multiprocessing import util
-
-            util._exit_function()
-        except Exception:  # noqa: BLE001 - best effort; the status below is what matters
-            pass
-    _REAL_EXIT(status)
 
 
 pytest_plugins = ["pytester"]  # the meta tests run the suite itself against bad rules

@@ -22,7 +22,8 @@ LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.policies": 4, "dispatcher.__main__": 4, "dispatcher.verdicts": 4,
     "dispatcher.compat": 4,
     "dispatcher": 4,  # the package's __init__ re-exports the model's names
-    "dispatcher.plugin": 5, "dispatcher.bisect": 6, "dispatcher.cli": 6,
+    "dispatcher.plugin": 5, "dispatcher.plugin_fixtures": 5, "dispatcher.plugin_exit": 5,
+    "dispatcher.plugin_profiles": 5, "dispatcher.bisect": 6, "dispatcher.cli": 6,
 }
 SUITE_PACKAGE = "dispatcher.suite"  # the tests, installed: the top layer, not checked here
 # Imported inside a function on purpose, named here so that nothing else creeps in:
