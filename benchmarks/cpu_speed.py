@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import Phase, given, settings, strategies as st  # noqa: E402
 
-from dispatcher.emulator.a2a import round_trip  # noqa: E402
+from dispatcher.emulator.rounds import round_trip  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
 from dispatcher.sizing import ideal_rule, prefix_rule  # noqa: E402
 from strategies import a2a_worlds, worlds  # noqa: E402

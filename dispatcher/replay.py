@@ -17,7 +17,7 @@ import os
 import sys
 import traceback
 
-from .emulator.a2a import round_trip
+from .emulator.rounds import round_trip
 from .model import properties
 from .model.parse import BadWorld, parse_context, parse_sequence, parse_world
 from .model.engine import EnginePolicy

@@ -224,7 +224,7 @@ def a2a_worlds(max_ep: int = 8, max_tokens: int = 48, ep_sizes: Optional[Sequenc
 
 
 def _emulable(world) -> bool:
-    from dispatcher.emulator.a2a import MAX_EMULATED_BYTES, emulated_bytes
+    from dispatcher.emulator.rounds import MAX_EMULATED_BYTES, emulated_bytes
     from dispatcher.model.generations import GENERATIONS
 
     return all(emulated_bytes(world, generation=g) <= MAX_EMULATED_BYTES

@@ -15,7 +15,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..emulator.a2a import POISON, expected_recv_counts
+from ..emulator.a2a import POISON
+
+from ..emulator.rounds import expected_recv_counts
 from ..emulator.inputs import reference_outputs
 from ..model.world import World
 from . import torch_ops

@@ -165,7 +165,7 @@ def pool_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
 
     import numpy as np
 
-    from ..emulator.a2a import expected_recv_counts
+    from ..emulator.rounds import expected_recv_counts
     from ..emulator.inputs import make_inputs, reference_outputs
     from ..model.validation import require_int, validate
     from ..model.mnnvl import workspace_size_per_rank

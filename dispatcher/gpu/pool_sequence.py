@@ -59,7 +59,7 @@ def run_sequence_on_rank(state, rank: int, ep_size: int, max_dispatch_bytes: int
 def _emulated(state, rank, worlds, values) -> List[List[str]]:
     import torch.distributed as dist
 
-    from ..emulator.a2a import rounds_in_order
+    from ..emulator.rounds import rounds_in_order
     from ..emulator.inputs import make_inputs
 
     mine = [make_inputs(world)[rank] for world in worlds]

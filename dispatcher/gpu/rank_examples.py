@@ -90,7 +90,7 @@ def _run_emulated_example(state, rank, ep_size, world, spec, bypass) -> List[str
 
     import torch.distributed as dist
 
-    from ..emulator.a2a import round_trip
+    from ..emulator.rounds import round_trip
     from ..emulator.inputs import make_inputs
     from ..model.validation import require_int, validate
     from .checks import rank_problems
@@ -124,7 +124,9 @@ def run_sglang_example(state, rank, ep_size, world, spec, bypass, ctx=None) -> d
     import numpy as np
     import torch
 
-    from ..emulator.a2a import POISON, expected_recv_counts
+    from ..emulator.a2a import POISON
+
+    from ..emulator.rounds import expected_recv_counts
     from ..emulator.inputs import make_inputs, reference_outputs
     from ..model.sglang_context import SGLangContext
     from ..model.mnnvl import aux_offsets

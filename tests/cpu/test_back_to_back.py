@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
-from dispatcher.emulator.a2a import back_to_back, expected_recv_counts
+from dispatcher.emulator.rounds import back_to_back, expected_recv_counts
 from dispatcher.emulator.inputs import make_inputs
 from dispatcher.model.cross_round import rows_at_risk
 from dispatcher.model.generations import using

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import assume, event, given, strategies as st
 
-from dispatcher.emulator.a2a import POISON, A2AModel, RankRefused, round_trip
+from dispatcher.emulator.a2a import POISON, A2AModel, RankRefused
+
+from dispatcher.emulator.rounds import round_trip
 from dispatcher.emulator.inputs import make_inputs
 from dispatcher.model import properties
 from dispatcher.model.generations import GENERATIONS, using

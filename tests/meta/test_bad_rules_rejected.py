@@ -7,7 +7,9 @@ import pytest
 
 from .. import copy_suite
 
-from dispatcher.emulator.a2a import RankRefused, round_trip
+from dispatcher.emulator.a2a import RankRefused
+
+from dispatcher.emulator.rounds import round_trip
 from dispatcher.model.generations import using
 from dispatcher.model import properties
 from dispatcher.model.properties import breaks
