@@ -163,7 +163,7 @@ def _preload_for_engine(config) -> None:
         return
 
     def preload():
-        from dispatcher.wheels import MODULE_TABLE
+        from dispatcher.standins import MODULE_TABLE
 
         with MODULE_TABLE:  # no engine sandbox swaps sys.modules meanwhile
             import torch  # noqa: F401

@@ -4,17 +4,69 @@ engine's table, FlashInfer's API as the generation under test defines it, its qu
 shapes, and the exception that stops an engine's call at FlashInfer's launch.
 
 An engine's own ``dispatcher/<engine>/standins.py`` holds its table (what its file imports);
-its ``loader.py`` executes the file under ``unittest.mock.patch.dict(sys.modules, ...)``.
+its ``loader.py`` executes the file (``exec_engine_file``) inside its sandbox (``reentrant``
+over ``unittest.mock.patch.dict(sys.modules, ...)``), holding ``MODULE_TABLE`` meanwhile.
 """
 from __future__ import annotations
 
+import importlib.util
+import threading
 import types
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Dict, Mapping
 
 from .model.payloads import PayloadFormat, dispatch_payloads
+from .wheels import ReleaseError
 
 __all__ = ["Launched", "StandIn", "FlashInferStandIn", "build_modules", "flashinfer_api",
-           "quantized_zeros", "fp4_quantize", "mxfp8_quantize", "identity"]
+           "quantized_zeros", "fp4_quantize", "mxfp8_quantize", "identity", "MODULE_TABLE",
+           "reentrant", "exec_engine_file"]
+
+# Held while an engine's stand-ins are in sys.modules (its sandbox), and by any thread that
+# imports while the main thread may be in one (dispatcher/gpu/warm.py): an import in another
+# thread meanwhile would find a stand-in, and the sandbox's exit would drop what it imported.
+MODULE_TABLE = threading.RLock()
+
+
+def reentrant(patches):
+    """An engine's sandbox, entered once however deeply its uses nest: ``patches(*args)`` (a
+    context manager putting the stand-ins in place) runs at the outermost level only, so a
+    step enters it once for all its ranks and each rank's call costs one check."""
+    depth = [0]
+
+    @contextmanager
+    def sandbox(*args, **kwargs):
+        if depth[0]:
+            yield
+            return
+        with MODULE_TABLE, patches(*args, **kwargs):
+            depth[0] += 1
+            try:
+                yield
+            finally:
+                depth[0] -= 1
+    return sandbox
+
+
+def exec_engine_file(path: Path, module_name: str, sandbox, spec_name: str):
+    """Execute an engine's file as module ``module_name`` inside ``sandbox`` (a context that
+    puts its stand-ins in ``sys.modules``). A name the stand-ins lack stays the ImportError
+    that names it; anything else the file raises is a ``ReleaseError``. Its logger is quieted."""
+    import logging
+
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        with sandbox:
+            spec.loader.exec_module(module)
+    except (ImportError, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit at import is a bad file too
+        raise ReleaseError(f"{spec_name}:{path}: loading it raised {type(exc).__name__}: "
+                           f"{exc}") from exc
+    logging.getLogger(module_name).setLevel(logging.ERROR)  # e.g. "No tokens on this DP worker"
+    return module
 
 
 class Launched(Exception):

@@ -19,15 +19,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-__all__ = ["ReleaseError", "Package", "sha256", "exec_engine_file", "user_cache",
-           "reentrant", "MODULE_TABLE", "fetch_main", "PIP_TIMEOUT_S"]
+__all__ = ["ReleaseError", "Package", "sha256", "user_cache", "fetch_main", "PIP_TIMEOUT_S"]
 
 PIP_TIMEOUT_S = 300
 MAX_MEMBER_BYTES = 4 << 20  # a kept file; the largest real one (server_args.py) is ~450 KB
@@ -40,52 +38,6 @@ class ReleaseError(ValueError):
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-# Held while an engine's stand-ins are in sys.modules (its sandbox), and by any thread that
-# imports while the main thread may be in one (dispatcher/gpu/warm.py): an import in another
-# thread meanwhile would find a stand-in, and the sandbox's exit would drop what it imported.
-MODULE_TABLE = threading.RLock()
-
-
-def reentrant(patches):
-    """An engine's sandbox, entered once however deeply its uses nest: ``patches(*args)`` (a
-    context manager putting the stand-ins in place) runs at the outermost level only, so a
-    step enters it once for all its ranks and each rank's call costs one check."""
-    depth = [0]
-
-    @contextmanager
-    def sandbox(*args, **kwargs):
-        if depth[0]:
-            yield
-            return
-        with MODULE_TABLE, patches(*args, **kwargs):
-            depth[0] += 1
-            try:
-                yield
-            finally:
-                depth[0] -= 1
-    return sandbox
-
-
-def exec_engine_file(path: Path, module_name: str, sandbox, spec_name: str):
-    """Execute an engine's file as module ``module_name`` inside ``sandbox`` (a context that
-    puts its stand-ins in ``sys.modules``). A name the stand-ins lack stays the ImportError
-    that names it; anything else the file raises is a ``ReleaseError``. Its logger is quieted."""
-    import logging
-
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        with sandbox:
-            spec.loader.exec_module(module)
-    except (ImportError, KeyboardInterrupt):
-        raise
-    except BaseException as exc:  # noqa: BLE001 - SystemExit at import is a bad file too
-        raise ReleaseError(f"{spec_name}:{path}: loading it raised {type(exc).__name__}: "
-                           f"{exc}") from exc
-    logging.getLogger(module_name).setLevel(logging.ERROR)  # e.g. "No tokens on this DP worker"
-    return module
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Dict, Iterable, Optional
 
-from ..wheels import MODULE_TABLE
+from ..standins import MODULE_TABLE
 
 __all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused"]
 

@@ -30,7 +30,7 @@ from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from ..companions import Companions, companion_function, resolve
 from ..engine_tensors import stand_in_rows
-from ..wheels import exec_engine_file, reentrant
+from ..standins import exec_engine_file, reentrant
 from . import fetch
 from .report import describe_outcomes, describe_sources
 from .forward import ReleaseCodeError

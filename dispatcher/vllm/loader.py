@@ -40,7 +40,8 @@ from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from ..companions import Companions, companion_function, resolve
 from ..engine_tensors import stand_in_rows
-from ..wheels import ReleaseError, exec_engine_file, reentrant, sha256
+from ..standins import exec_engine_file, reentrant
+from ..wheels import ReleaseError, sha256
 from . import fetch
 from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, current,
                        stand_in_modules)
