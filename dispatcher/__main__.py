@@ -47,13 +47,15 @@ def _seconds(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
+    from .model.generations import GENERATIONS
+
     ap = argparse.ArgumentParser(prog="python -m dispatcher", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("world", help="a World repr, as printed by a failing test (or a sequence "
                     "of steps on one workspace: \"(World(...), World(...))\")")
     ap.add_argument("--policy", default=DEFAULT_POLICY,
                     help="the rule or SGLang file to replay (default: %(default)s)")
-    ap.add_argument("--flashinfer", default=None, metavar="0.7.2|0.7.4",
+    ap.add_argument("--flashinfer", default=None, metavar="|".join(GENERATIONS),
                     help="the FlashInfer A2A generation (default: the installed one, else 0.7.2)")
     ap.add_argument("--context", default="", metavar="'SGLangContext(...)'",
                     help="for sglang: policies, the step's context (default: eager decode)")

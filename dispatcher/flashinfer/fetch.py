@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..model.generations import GENERATIONS
 from ..wheels import Package, ReleaseError
 
 __all__ = ["ReleaseError", "PACKAGE", "ONE_SIDED", "COMM_INIT", "MOE_A2A_072", "TWO_SIDED",
@@ -29,7 +30,7 @@ _TRT = "flashinfer/data/csrc/nv_internal/tensorrt_llm"
 META_H = f"{_TRT}/thop/moe/communication/moeAlltoAllMeta.h"
 KERNELS_H = f"{_TRT}/kernels/moe/communication/moeAlltoAllKernels.h"
 CACHE_ENV = "A2A_GATE_FLASHINFER_CACHE"
-PINNED = ("0.7.2", "0.7.4")  # the generations the gate models (0.7.2.post1's A2A files are 0.7.2's)
+PINNED = tuple(GENERATIONS)  # the generations the gate models (0.7.2.post1's A2A files are 0.7.2's)
 PACKAGE = Package("flashinfer-python", (ONE_SIDED,),
                   (COMM_INIT, MOE_A2A_072, TWO_SIDED, MOE_EP_INIT, COMM_BASE, LAYOUT_CU,
                    LAYOUT_CU_072, META_H, KERNELS_H),

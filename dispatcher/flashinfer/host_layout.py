@@ -125,8 +125,9 @@ def _fields(meta: str) -> Tuple[str, ...]:
     return tuple(name for _, name in pairs)
 
 
-def build(version: str = "0.7.4", out_dir: Path = None) -> HostLayout:
-    """Compile release ``version``'s layout function for this CPU (bounded by a timeout)."""
+def build(version: str, out_dir: Path = None) -> HostLayout:
+    """Compile release ``version``'s layout function (the one-sided kernels'
+    ``calculateWorkspaceLayout``) for this CPU (bounded by a timeout)."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
         raise ReleaseError("no C++ compiler (set CXX, or install g++) to build FlashInfer's "
