@@ -32,40 +32,16 @@ from ..companions import Companions, companion_function, resolve
 from ..engine_tensors import stand_in_rows
 from ..standins import exec_engine_file, reentrant
 from . import fetch
-from .report import describe_outcomes, describe_sources
 from .forward import ReleaseCodeError
+from .report import (EMPTY_LIST, Outcome, SGLangAssertion,  # noqa: F401 - re-exported
+                     describe_outcomes, describe_sources)
 from .scheduler import ServerConfig, load_scheduler
 from .sources import NEEDED, RELEASES, VERSION_FILES
-from .standins import (Hooks, LaunchRecord, Launched, RoutedAround, StandardTopKOutput, _Group,
+from .standins import (Hooks, Launched, RoutedAround, StandardTopKOutput, _Group,
                        _State, current, mlp_tp_gather, stand_in_globals, stand_in_modules)
 
 __all__ = ["Outcome", "SGLangRelease", "BoundStep", "SGLangAssertion", "load_release",
            "release_from_spec"]
-
-
-EMPTY_LIST = ("SGLang never publishes an empty dp_global: every list set_dp_buffer_len is "
-              "handed has one entry per DP group of the gather (prepare_mlp_sync_batch, a "
-              "capture's [num_tokens] * dp_size), and None where nothing was gathered")
-
-
-class SGLangAssertion(AssertionError):
-    """SGLang's own dispatch() raised (an assert or error) where it had to size the A2A."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one EP rank's dispatch() did: launched the A2A (``launch`` holds what it
-    constructed and passed), routed the batch around it (all-gather prefill), or raised
-    ``error``; ``seen_dp_global`` is what ``get_dp_global_num_tokens()`` handed it."""
-
-    launch: Optional[LaunchRecord] = None
-    routed_around: bool = False
-    error: Optional[str] = None
-    seen_dp_global: object = "not read"
-
-    @property
-    def runtime(self):
-        return None if self.launch is None else self.launch.runtime
 
 
 @reentrant

@@ -1,13 +1,40 @@
-"""What SGLang's own code saw and did on each rank, in words (every failure message shows it).
-Reads an ``Outcome``'s and a release's fields only, so the loader and the bug classes both use
-it without importing each other."""
+"""What SGLang's own code saw and did on each rank: the ``Outcome`` record, and in words (every
+failure message shows it). Reads an ``Outcome``'s and a release's fields only, so the loader
+and the bug classes both use it without importing each other."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..model.world import World
+from .flashinfer_side import LaunchRecord
 
-__all__ = ["describe_outcomes", "describe_sources"]
+__all__ = ["Outcome", "SGLangAssertion", "EMPTY_LIST", "describe_outcomes", "describe_sources"]
+
+
+EMPTY_LIST = ("SGLang never publishes an empty dp_global: every list set_dp_buffer_len is "
+              "handed has one entry per DP group of the gather (prepare_mlp_sync_batch, a "
+              "capture's [num_tokens] * dp_size), and None where nothing was gathered")
+
+
+class SGLangAssertion(AssertionError):
+    """SGLang's own dispatch() raised (an assert or error) where it had to size the A2A."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one EP rank's dispatch() did: launched the A2A (``launch`` holds what it
+    constructed and passed), routed the batch around it (all-gather prefill), or raised
+    ``error``; ``seen_dp_global`` is what ``get_dp_global_num_tokens()`` handed it."""
+
+    launch: Optional[LaunchRecord] = None
+    routed_around: bool = False
+    error: Optional[str] = None
+    seen_dp_global: object = "not read"
+
+    @property
+    def runtime(self):
+        return None if self.launch is None else self.launch.runtime
 
 
 def describe_outcomes(outs: Sequence, world: Optional[World] = None) -> str:
