@@ -22,7 +22,7 @@ from ..emulator.inputs import reference_outputs
 from ..model.world import World
 from . import torch_ops
 
-__all__ = ["RTOL", "ATOL", "KernelRefused", "poisoned_rows", "stale_rows_ok", "rank_problems", "world_problems",
+__all__ = ["RTOL", "ATOL", "poisoned_rows", "stale_rows_ok", "rank_problems", "world_problems",
            "GUARD", "GUARD_BYTE", "GpuRoundTrip", "CudaContextDead", "verdict"]
 
 # bf16 tolerance: both sides round each expert row to bf16 once and sum exactly in fp32, so a
@@ -123,12 +123,3 @@ def verdict(world: World, inputs, runtimes: Sequence[int], guard, counts, poison
         problems.append(f"byte model != {flashinfer}: {wrong}")
     return GpuRoundTrip(tuple(problems), model)
 
-
-class KernelRefused(RuntimeError):
-    """FlashInfer refused this round on some rank before any launch (a generation whose op
-    checks a rank's own rows: ``Generation.checks_local_rows``)."""
-
-    def __init__(self, refused_rank, rows, runtime, why):
-        super().__init__(f"FlashInfer refused rank {refused_rank} ({rows} rows, runtime "
-                         f"{runtime}): {str(why).splitlines()[-1][:200]}; no peer launched "
-                         f"(each would wait timeout_sec and trap)")

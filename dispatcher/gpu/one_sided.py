@@ -29,7 +29,6 @@ from ..emulator.a2a import POISON
 from ..model import one_sided as w074
 from ..model.world import World
 from . import torch_ops
-from .checks import KernelRefused
 
 __all__ = ["Ops", "RawA2A", "TIMEOUT_S", "module", "metainfo_index", "flashinfer_layout",
            "byte_model", "aligned16", "pool_example", "pool_round", "pool_key"]
@@ -269,7 +268,7 @@ def pool_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
     from ..model.validation import require_int, validate
     from . import torch_ops
     from .checks import poisoned_rows, rank_problems, stale_rows_ok
-    from .rank_examples import agree, rank_value
+    from .rank_examples import KernelRefused, agree, rank_value
 
     a2as = state["a2as"]
     mine = rank_value(state, rank, world, spec, bypass)

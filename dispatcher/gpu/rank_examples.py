@@ -11,10 +11,20 @@ import pickle
 from typing import List
 
 
-__all__ = ["AgreementAborted", "AGREE_TIMEOUT_S", "agree", "rank_value",
+__all__ = ["AgreementAborted", "KernelRefused", "AGREE_TIMEOUT_S", "agree", "rank_value",
            "one_world", "run_sglang_example", "alive"]
 
 AGREE_TIMEOUT_S = 300.0  # a rank's wait for the others' values (the parent gives up sooner)
+
+
+class KernelRefused(RuntimeError):
+    """FlashInfer refused this round on some rank before any launch (a generation whose op
+    checks a rank's own rows: ``Generation.checks_local_rows``)."""
+
+    def __init__(self, refused_rank, rows, runtime, why):
+        super().__init__(f"FlashInfer refused rank {refused_rank} ({rows} rows, runtime "
+                         f"{runtime}): {str(why).splitlines()[-1][:200]}; no peer launched "
+                         f"(each would wait timeout_sec and trap)")
 
 
 class AgreementAborted(RuntimeError):

@@ -40,8 +40,7 @@ from multiprocessing.reduction import ForkingPickler
 
 from ..model.generations import active, using
 from . import env
-from .checks import KernelRefused
-from .rank_examples import (AgreementAborted, alive, one_world,
+from .rank_examples import (AgreementAborted, KernelRefused, alive, one_world,
                             run_sglang_example)
 
 __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",

@@ -98,3 +98,19 @@ def test_no_import_cycle():
         tuple(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as exc:
         pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+
+
+def test_collecting_the_suite_imports_no_torch():
+    """Every xdist worker and every nested pytest run collects the suite: importing torch there
+    costs about a second each (a GPU module's exception class imported from a torch module did
+    that once). Torch is imported by the tests and tiers that run it, never at collection."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pytest\n"
+            "code = pytest.main(['--collect-only', '-q', '-p', 'no:xdist', '-p', 'no:cacheprovider'])\n"
+            "print('A2A-TORCH-AT-COLLECTION', 'torch' in sys.modules, int(code))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=SOURCE, capture_output=True, text=True,
+                         timeout=120)
+    line = [x for x in out.stdout.splitlines() if x.startswith("A2A-TORCH-AT-COLLECTION")]
+    assert line == ["A2A-TORCH-AT-COLLECTION False 0"], out.stdout[-2000:] + out.stderr[-2000:]
