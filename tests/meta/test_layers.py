@@ -107,8 +107,11 @@ def test_collecting_the_suite_imports_no_torch():
     import subprocess
     import sys
 
+    from dispatcher.runner import suite_args
+
+    args = suite_args(args=["--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider"])
     code = ("import sys, pytest\n"
-            "code = pytest.main(['--collect-only', '-q', '-p', 'no:xdist', '-p', 'no:cacheprovider'])\n"
+            f"code = pytest.main({args!r})\n"  # the suite as the gate runs it (checkout or wheel)
             "print('A2A-TORCH-AT-COLLECTION', 'torch' in sys.modules, int(code))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=SOURCE, capture_output=True, text=True,
                          timeout=120)
