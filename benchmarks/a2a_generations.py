@@ -48,12 +48,8 @@ def _setup(world):
     version = drv.generation.version
     moe, W, R = world.moe, world.ep_size, world.max_num_tokens
     inputs = make_inputs(world)
-    per = len(moe.payloads) + 1
-    dev = torch_ops.to_torch_rows(
-        [a for inp in inputs for a in (inp.expert_ids, *inp.payload_rows)], drv.device)
-    ranks = [(dev[r * per].view(torch.int32),
-              [torch_ops.typed(t, s.name) for t, s in zip(dev[r * per + 1:(r + 1) * per],
-                                                          moe.payloads)]) for r in range(W)]
+    dev = torch_ops.device_inputs(inputs, drv.device)
+    ranks = [torch_ops.rank_inputs(dev, r, moe.payloads) for r in range(W)]
     outs = [torch.zeros(W, R, moe.hidden_size, dtype=torch.bfloat16, device=drv.device)
             for _ in range(W)]
     offsets = [None] * W

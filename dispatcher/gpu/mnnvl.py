@@ -200,8 +200,7 @@ def pool_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
     rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
     inputs = make_inputs(world)
     inp = inputs[rank]
-    ids, *rows = torch_ops.to_torch_rows([inp.expert_ids, *inp.payload_rows], "cuda")
-    payloads = [torch_ops.typed(t, sp.name) for t, sp in zip(rows, moe.payloads)]
+    ids, payloads = torch_ops.rank_inputs(torch_ops.device_inputs([inp], "cuda"), 0, moe.payloads)
     recv = a2a.dispatch(ids.view(torch.int32), payloads, runtime)
     counts = a2a.workspace[rank][rc:rc + 4 * ep_size].clone()  # as dispatch left them
     y = torch_ops.expert_outputs(recv, runtime, moe, rank, ep_size)

@@ -136,9 +136,8 @@ class Space:
 
 
 def _offsets(world: World):
-    moe, W, cap = world.moe, world.ep_size, world.max_num_tokens
-    return w074.offsets(W, cap, moe.top_k, w074.dispatch_capacity(W, cap, moe.dispatch_bytes),
-                        w074.combine_capacity(W, cap, moe.combine_bytes))
+    return w074.offsets_for(world.ep_size, world.max_num_tokens, world.moe.payloads,
+                            world.moe.combine_bytes)
 
 
 class Ops:
@@ -252,11 +251,12 @@ class Ops:
 
 def pool_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec,
                  bypass) -> List[str]:
-    """One world on this rank of the rank pool, on FlashInfer 0.7.4: each rank's ``NVLinkOneSidedAlltoAll`` (one per
-    cap and MoE shape: 0.7.4 bakes top_k and the payload bytes into the layout), built over the
-    pool's process group as an engine builds it, fence path, a short ``timeout_sec``. A call
-    0.7.4 refuses (a rank's rows over its runtime) is agreed on before any launch: the refused
-    rank makes the call, FlashInfer refuses it, and no peer launches (none is left spinning)."""
+    """One world on this rank of the rank pool, on FlashInfer 0.7.4: each rank's
+    ``NVLinkOneSidedAlltoAll`` (one per cap and MoE shape: 0.7.4 bakes top_k and the payload
+    bytes into the layout), built over the pool's process group as an engine builds it, fence
+    path, a short ``timeout_sec``. A call 0.7.4 refuses (a rank's rows over its runtime) is
+    agreed on before any launch: the refused rank makes the call, FlashInfer refuses it, and no
+    peer launches (none is left spinning)."""
     import zlib
 
     import numpy as np
@@ -309,8 +309,7 @@ def pool_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, wo
     a2a = entry["a2a"]
     inputs = make_inputs(world)
     inp = inputs[rank]
-    ids, *rows = torch_ops.to_torch_rows([inp.expert_ids, *inp.payload_rows], "cuda")
-    payloads = [torch_ops.typed(t, sp.name) for t, sp in zip(rows, moe.payloads)]
+    ids, payloads = torch_ops.rank_inputs(torch_ops.device_inputs([inp], "cuda"), 0, moe.payloads)
     hidden, scale = payloads[0], (payloads[1] if len(payloads) == 4 else None)
     refused = [r for r in range(ep_size) if world.rows_per_rank[r] > values[r]]
     if refused:  # only the refused ranks call: FlashInfer refuses them before any launch

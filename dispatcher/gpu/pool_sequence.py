@@ -7,7 +7,7 @@ kernel; then the rounds run back to back on the pool's workspaces: the first as 
 combine of round n and its dispatch of round n+1 (no agreement, no host sync), as an engine
 runs them. The host reads every round's output once, at the end, and each round's output is
 checked against its reference. Without a GPU, every rank runs the exact CPU model of the
-rounds in order on one model workspace, never cleared (``emulator.a2a.rounds_in_order``).
+rounds in order on one model workspace, never cleared (``emulator.rounds.rounds_in_order``).
 """
 from __future__ import annotations
 
@@ -74,7 +74,6 @@ def _emulated(state, rank, worlds, values) -> List[List[str]]:
 def _later_rounds(state, rank, ep_size, worlds, runtimes):
     """Rounds 2.. on this rank's stream, back to back: each rank's combined rows (on the
     device) and their references (on the host)."""
-
     from ..emulator.inputs import make_inputs, reference_outputs
     from . import torch_ops
 
@@ -82,8 +81,8 @@ def _later_rounds(state, rank, ep_size, worlds, runtimes):
     for world, R in zip(worlds, runtimes):
         moe = world.moe
         inp = make_inputs(world)[rank]
-        ids, *rows = torch_ops.to_torch_rows([inp.expert_ids, *inp.payload_rows], "cuda")
-        payloads = [torch_ops.typed(t, sp.name) for t, sp in zip(rows, moe.payloads)]
+        ids, payloads = torch_ops.rank_inputs(torch_ops.device_inputs([inp], "cuda"), 0,
+                                              moe.payloads)
         out = state["ops"].pool_round(state, rank, ep_size, world, R, ids, payloads)
         outs.append(out)
         refs.append(reference_outputs(world, [inp])[0])

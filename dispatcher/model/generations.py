@@ -103,7 +103,7 @@ def _recv_counters_mnnvl(ep, cap, payloads, combine_bytes):
 
 
 def _recv_counters_one_sided(ep, cap, payloads, combine_bytes):
-    return one_sided._offsets_for(ep, cap, payloads, combine_bytes).recv_counters
+    return one_sided.offsets_for(ep, cap, payloads, combine_bytes).recv_counters
 
 
 GENERATIONS = {g.version: g for g in (

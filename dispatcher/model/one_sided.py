@@ -21,7 +21,7 @@ from .payloads import INT32, Layout, PayloadSpec, pad
 
 __all__ = ["ALIGN", "WORKSPACE_ALIGNMENT", "MAX_TOP_K", "MAX_PAYLOADS", "MAX_RANKS",
            "SUPPORTED_TOP_K", "Offsets", "offsets", "dispatch_capacity", "combine_capacity",
-           "workspace_size_per_rank", "layout", "round_parity"]
+           "workspace_size_per_rank", "layout", "round_parity", "offsets_for"]
 
 ALIGN = 128  # kCachelineAlignment
 WORKSPACE_ALIGNMENT = 256  # meta::kWorkspaceAlignment
@@ -109,7 +109,7 @@ def offsets(ep_size: int, max_num_tokens: int, top_k: int, dispatch_bytes: int,
                    workspace_size=o, **at)
 
 
-def _offsets_for(ep_size: int, max_num_tokens: int, payloads: Tuple[PayloadSpec, ...],
+def offsets_for(ep_size: int, max_num_tokens: int, payloads: Tuple[PayloadSpec, ...],
                  combine_bytes: int) -> Offsets:
     top_k = payloads[-1].bytes_per_token // INT32  # the last payload is the top-k weights
     row = sum(p.bytes_per_token for p in payloads)
@@ -121,7 +121,7 @@ def workspace_size_per_rank(ep_size: int, max_num_tokens: int, payloads: Tuple[P
                             combine_bytes: int) -> int:
     """``metainfo[WORKSPACE_SIZE_INDEX]``: the bytes per rank ``NVLinkOneSidedAlltoAll``
     allocates for the cap (fence path)."""
-    return _offsets_for(ep_size, max_num_tokens, tuple(payloads), combine_bytes).workspace_size
+    return offsets_for(ep_size, max_num_tokens, tuple(payloads), combine_bytes).workspace_size
 
 
 def layout(ep_size: int, max_num_tokens: int, runtime: int, payloads: Tuple[PayloadSpec, ...],
@@ -139,7 +139,7 @@ def layout(ep_size: int, max_num_tokens: int, runtime: int, payloads: Tuple[Payl
                          f"capacity {max_num_tokens}")
     if not 0 < len(payloads) <= MAX_PAYLOADS:
         raise ValueError(f"between 1 and {MAX_PAYLOADS} payloads, got {len(payloads)}")
-    off = _offsets_for(ep_size, max_num_tokens, tuple(sized_for or payloads), combine_bytes)
+    off = offsets_for(ep_size, max_num_tokens, tuple(sized_for or payloads), combine_bytes)
     current = off.dispatch_payload
     recv = []
     for p in payloads:

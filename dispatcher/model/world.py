@@ -108,7 +108,7 @@ class MoeConfig:
         if self.num_experts > MAX_EXPERTS:
             raise ValueError(f"num_experts={self.num_experts} is more than {MAX_EXPERTS} (no "
                              f"MoE layer has that many; the model would allocate per expert)")
-        if not any(self.top_k in g.supported_top_k for g in GENERATIONS.values()):
+        if self.top_k not in _SUPPORTED_TOP_K:
             raise ValueError(f"top_k={self.top_k} not in any FlashInfer A2A's top_k: "
                              f"{_SUPPORTED_TOP_K}")
         if self.routing not in ROUTINGS:
