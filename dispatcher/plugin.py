@@ -76,10 +76,12 @@ MARKERS = {
     "engine_releases": "engine_releases(engine, under_test=False): the test runs an engine's "
                        "pinned releases, on the FlashInfer generation they call (0.7.2); with "
                        "under_test=True, a --policy of that engine runs on the session's",
-    "gpu": "runs FlashInfer's real A2A kernels, every EP rank in one process on one GPU",
+    "gpu": "every EP rank in one process on one GPU through FlashInfer's real A2A kernels; "
+           "without a GPU, through the exact CPU model (not with --require-gpus)",
     "multi_gpu": "one OS process per EP rank, NCCL (or gloo when ranks share a GPU); without "
                  "a GPU, gloo and the emulated A2A (not with --require-gpus)",
-    "real_kernels": "a multi_gpu test that needs FlashInfer's real kernels (skipped without)",
+    "real_kernels": "a gpu/multi_gpu test that needs the hardware itself (FlashInfer's own "
+                    "byte numbers, CUDA faults, SMs): skipped without it",
     "self_check": "checks the gate itself, not the policy under test (given at collection to "
                   "every test that uses neither the policy nor its engine's tier); a run with "
                   "a --policy of the user's deselects these unless --self-check",
@@ -345,9 +347,9 @@ def pytest_collection_modifyitems(config, items):
         elif not item.get_closest_marker("multi_gpu"):
             continue
         missing = flashinfer_missing()
-        if (missing and emulate and item.get_closest_marker("multi_gpu")
-                and not item.get_closest_marker("real_kernels")):
-            missing = ""  # the rank pool runs with the emulated A2A (tests/multi_gpu/conftest.py)
+        if missing and emulate and not item.get_closest_marker("real_kernels"):
+            missing = ""  # the exact CPU model behind the tier's driver (gpu/single_cpu.py, the
+            # rank pool's emulated ranks): the tier's logic runs here; --require-gpus fails it
         item.stash[_UNAVAILABLE] = missing
     if getattr(config.option, "loadgroup", False):  # set in xdist workers under loadgroup
         for item in items:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dispatcher.model.payloads import HIDDEN_MULTIPLE, PayloadFormat
 from dispatcher.model.world import DP_GLOBAL_KINDS
 
-from .worlds import GPU_SHAPES, group_token_counts, moe_configs, pool_worlds, worlds
+from .worlds import GPU_SHAPES, emulable, group_token_counts, moe_configs, pool_worlds, worlds
 
 __all__ = ["step_sequences", "gpu_sequences", "pool_sequences", "MAX_STEPS"]
 
@@ -66,14 +66,16 @@ def _next_step(draw, first, formats, max_tokens, growing=False):
         moe=replace(first.moe, payload=draw(st.sampled_from(formats))))
 
 
-def gpu_sequences(max_ep: int = 8, max_steps: int = 4):
+def gpu_sequences(max_ep: int = 8, max_steps: int = 4, emulated: bool = False):
     """Sequences for the real kernels on one GPU: one dispatch format (one workspace), every
     step within the cap, and every rank's dispatch blocks co-resident (rows * ep_size within
-    ``GPU_SHAPES.single_gpu_blocks``)."""
-    return step_sequences(max_ep=max_ep, max_steps=max_steps,
+    ``GPU_SHAPES.single_gpu_blocks``). ``emulated``: on the exact CPU model instead, so every
+    step within what it materialises."""
+    drawn = step_sequences(max_ep=max_ep, max_steps=max_steps,
                           max_tokens=max(1, GPU_SHAPES.single_gpu_blocks // max_ep),
                           hidden_sizes=GPU_SHAPES.hidden_sizes, top_ks=GPU_SHAPES.top_ks,
                           formats_change=False, within_cap=True)
+    return drawn.filter(lambda seq: all(map(emulable, seq))) if emulated else drawn
 
 
 @st.composite

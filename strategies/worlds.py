@@ -220,10 +220,10 @@ def a2a_worlds(max_ep: int = 8, max_tokens: int = 48, ep_sizes: Optional[Sequenc
                    moe=lambda ep: moe_configs(ep, hidden_sizes=hidden_sizes, top_ks=top_ks,
                                               max_experts_per_rank=4),
                    cap_values=cap_values)
-    return drawn.filter(_emulable) if emulated else drawn
+    return drawn.filter(emulable) if emulated else drawn
 
 
-def _emulable(world) -> bool:
+def emulable(world) -> bool:
     from dispatcher.emulator.rounds import MAX_EMULATED_BYTES, emulated_bytes
     from dispatcher.model.generations import GENERATIONS
 
@@ -233,16 +233,18 @@ def _emulable(world) -> bool:
 
 def gpu_worlds(max_ep: int = 8, ep_sizes: Optional[Sequence[int]] = None,
                max_blocks: int = GPU_SHAPES.single_gpu_blocks,
-               cap_values: Optional[Sequence[int]] = None):
+               cap_values: Optional[Sequence[int]] = None, emulated: bool = False):
     """Worlds for the real kernels: every rank's dispatch CTAs (one per row) must be resident
-    at once on one GPU, so rows * ep_size stays <= ``max_blocks``."""
+    at once on one GPU, so rows * ep_size stays <= ``max_blocks``. ``emulated``: the tier runs
+    on the exact CPU model (no GPU here), so only worlds it materialises within its limit
+    (a rare large cap on 0.7.4 is left out)."""
     biggest = max(ep_sizes) if ep_sizes else max_ep
     max_tokens = max(1, max_blocks // biggest)
     if cap_values:  # a group's rows never exceed its token count: keep them within the caps
         max_tokens = min(max_tokens, max(cap_values))
     return a2a_worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens,
                       hidden_sizes=GPU_SHAPES.hidden_sizes, top_ks=GPU_SHAPES.top_ks,
-                      cap_values=cap_values, emulated=False)
+                      cap_values=cap_values, emulated=emulated)
 
 
 def pool_worlds(ep_size: int):

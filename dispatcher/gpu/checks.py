@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 
 from ..emulator.a2a import POISON
 
 from ..emulator.rounds import expected_recv_counts
 from ..emulator.inputs import reference_outputs
 from ..model.world import World
-from . import torch_ops
 
 __all__ = ["RTOL", "ATOL", "poisoned_rows", "stale_rows_ok", "rank_problems", "world_problems",
            "GUARD", "GUARD_BYTE", "GpuRoundTrip", "CudaContextDead", "verdict"]
@@ -30,10 +28,13 @@ __all__ = ["RTOL", "ATOL", "poisoned_rows", "stale_rows_ok", "rank_problems", "w
 RTOL, ATOL = 2.0 ** -8, 0.0
 
 
-def poisoned_rows(recv: Sequence[torch.Tensor]) -> torch.Tensor:
+def poisoned_rows(recv):
     """Which received rows hold POISON in every byte of every payload plane: planes
     ``[..., W, R, n]`` (any dtype; one target ``[W, R, n]``, or T targets stacked) give a bool
-    ``[..., W, R]`` on their device."""
+    ``[..., W, R]`` on their device. (torch is imported by the GPU paths only: the CPU driver
+    of this tier, ``single_cpu.py``, uses the host-side checks of this module.)"""
+    import torch
+
     rows = torch.cat([p.contiguous().view(torch.uint8) for p in recv], dim=-1)
     return (rows == POISON).all(-1)
 
@@ -108,6 +109,8 @@ def verdict(world: World, inputs, runtimes: Sequence[int], guard, counts, poison
     (``poisoned``: one stacked tensor when every rank ran the same runtime, else one per
     rank), each rank's combined output against the reference, and our byte model against
     FlashInfer's numbers. The host's half runs while the GPU works; then one copy (one sync)."""
+    from . import torch_ops
+
     W = world.ep_size
     expected = expected_recv_counts(world, inputs)
     ref = reference_outputs(world, inputs)

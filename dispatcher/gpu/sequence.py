@@ -16,17 +16,15 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple
 
 import numpy as np
-import torch
 
 from ..emulator.inputs import make_inputs, reference_outputs
 from ..model.world import World
-from . import torch_ops
 from .checks import ATOL, GUARD_BYTE, RTOL
 
-__all__ = ["run_sequence"]
+__all__ = ["run_sequence", "check_rounds", "round_problems"]
 
 
-def _check(worlds: Sequence[World], runtimes: Sequence[int]) -> None:
+def check_rounds(worlds: Sequence[World], runtimes: Sequence[int]) -> None:
     first = worlds[0]
     shape = (first.ep_size, first.max_num_tokens, first.moe.payloads, first.moe.combine_bytes)
     for world, runtime in zip(worlds, runtimes):
@@ -46,7 +44,11 @@ def run_sequence(driver, worlds: Sequence[World], runtimes: Sequence[int]
     overwritten past any rank's workspace is reported on the last round."""
     if len(worlds) != len(runtimes) or not worlds:
         raise ValueError("one runtime per round")
-    _check(worlds, runtimes)
+    import torch
+
+    from . import torch_ops
+
+    check_rounds(worlds, runtimes)
     W = worlds[0].ep_size
     space = driver.space(worlds[0])
     streams = driver._streams_for(W)
@@ -74,17 +76,21 @@ def run_sequence(driver, worlds: Sequence[World], runtimes: Sequence[int]
     guard = (space.full[:, space.ws.shape[1]:] == GUARD_BYTE).all()
     host = torch_ops.read_back([guard] + [t for round_ in results for t in round_])
     guard_ok, outputs = bool(host[0]), host[1:]
-    problems = []
-    for n, (world, inp) in enumerate(zip(worlds, inputs)):
-        found = []
-        for r, (got, ref) in enumerate(zip(outputs[n * W:(n + 1) * W],
-                                           reference_outputs(world, inp))):
-            close = np.isclose(got, ref, rtol=RTOL, atol=ATOL)
-            if got.shape != ref.shape or not close.all():
-                bad = ref.shape[0] if got.shape != ref.shape else int((~close).any(axis=1).sum())
-                found.append(f"round {n + 1}, rank {r}: combine output differs from the "
-                             f"reference on {bad} of {ref.shape[0]} tokens")
-        problems.append(tuple(found))
+    problems = [round_problems(n, outputs[n * W:(n + 1) * W], reference_outputs(world, inp))
+                for n, (world, inp) in enumerate(zip(worlds, inputs))]
     if not guard_ok:
         problems[-1] += ("guard bytes after a rank's workspace were overwritten",)
     return tuple(problems)
+
+
+def round_problems(n: int, outputs: Sequence[np.ndarray], references: Sequence[np.ndarray]
+                   ) -> Tuple[str, ...]:
+    """What is wrong with round ``n``'s combined output on each rank (empty: all exact)."""
+    found = []
+    for r, (got, ref) in enumerate(zip(outputs, references)):
+        close = np.isclose(got, ref, rtol=RTOL, atol=ATOL) if got.shape == ref.shape else None
+        if close is None or not close.all():
+            bad = ref.shape[0] if close is None else int((~close).any(axis=1).sum())
+            found.append(f"round {n + 1}, rank {r}: combine output differs from the "
+                         f"reference on {bad} of {ref.shape[0]} tokens")
+    return tuple(found)

@@ -41,6 +41,7 @@ class SingleGpuA2A:
     re-raised as it came, every later ``run`` fails at once with ``CudaContextDead`` naming the
     world that faulted (never a cascade of odd errors)."""
 
+    emulated = False  # the CPU model behind the same calls: single_cpu.EmulatedSingleA2A
     MAX_WORKSPACES = 16  # LRU: realistic caps make a workspace up to ~1 GB
 
     def __init__(self, device: Optional[torch.device] = None,
@@ -65,6 +66,13 @@ class SingleGpuA2A:
             if type(exc).__name__ == "AcceleratorError" or "CUDA error" in text:
                 self.dead = f"{text.splitlines()[0][:200]} while running {world!r}"
             raise
+
+    def run_sequence(self, worlds: Sequence[World], runtimes: Sequence[int]
+                     ) -> Tuple[Tuple[str, ...], ...]:
+        """Rounds back to back on one workspace, no host sync between them (``sequence.py``)."""
+        from .sequence import run_sequence
+
+        return run_sequence(self, worlds, runtimes)
 
     def _streams_for(self, n: int) -> List[torch.cuda.Stream]:
         while len(self._streams) < n:

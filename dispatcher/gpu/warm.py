@@ -31,7 +31,15 @@ def _pool(ep_size: int) -> Callable[[], object]:
 
 
 def _single_gpu():
+    """The installed FlashInfer's kernels on this GPU; on a machine without them, the exact
+    CPU model behind the same calls (``single_cpu.py``; the plugin runs the tier's tests that
+    need no hardware there, and --require-gpus fails them first)."""
     from . import env
+
+    if env.flashinfer_missing():
+        from .single_cpu import EmulatedSingleA2A
+
+        return EmulatedSingleA2A()
     from .single import for_installed
 
     env.apply()  # before this process's CUDA starts (CUDA_DEVICE_MAX_CONNECTIONS among them)

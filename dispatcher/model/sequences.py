@@ -18,7 +18,8 @@ from .cross_round import rows_at_risk
 from .generations import replay_flag
 from .world import World
 
-__all__ = ["check_sequence", "round_pairs", "RoundPair", "exposes_cross_round"]
+__all__ = ["check_sequence", "checked_rounds", "Rounds", "round_pairs", "RoundPair",
+           "exposes_cross_round"]
 
 
 def _round(world: World, runtime: int, sized_for):
@@ -44,16 +45,37 @@ class RoundPair:
     risk: Tuple[int, ...]
 
 
-def _pairs(policy, seq: Sequence[World], name: str, engine_worlds, hold: bool) -> List[RoundPair]:
+@dataclass(frozen=True)
+class Rounds:
+    """The A2A rounds a policy ran along a sequence, in order: a step the engine never runs
+    (``NotApplicable``: SGLang's scheduler runs no forward when every DP group is idle) or
+    that runs no round is no round, in every tier alike. ``worlds[i]`` is the world the engine
+    ran (its ``engine_worlds`` map applied), ``values[i]`` its runtime on every rank,
+    ``steps[i]`` the 0-based step of the sequence, and ``pairs`` each two consecutive rounds
+    with the rows the later one puts at risk."""
+
+    worlds: Tuple[World, ...]
+    values: Tuple[properties.RuleValues, ...]
+    steps: Tuple[int, ...]
+    pairs: Tuple[RoundPair, ...]
+
+    def at_risk(self, i: int) -> bool:
+        """Whether round ``i``'s combine rows are at risk from round ``i + 1``'s writes."""
+        return i + 1 < len(self.steps) and any(
+            any(p.risk) for p in self.pairs if p.before == self.steps[i])
+
+
+def _rounds(policy, seq: Sequence[World], name: str, engine_worlds, hold: bool) -> Rounds:
     """Every step of ``seq`` through ``policy`` in order (held to every property unless
-    ``hold`` is False), and each pair of consecutive rounds it ran."""
+    ``hold`` is False), and the rounds it ran."""
     if not seq:
-        return []
+        return Rounds((), (), (), ())
     if len({(w.ep_size, w.max_num_tokens, w.moe.hidden_size, w.moe.top_k, w.moe.num_experts)
             for w in seq}) > 1:
         raise ValueError("the steps of a sequence run on one workspace: they share ep_size, "
                          "max_num_tokens and the MoE layer's shape")
     pairs, last = [], None  # last: (step, runtime, layout, rows) of the latest round
+    ran: List[tuple] = []
     # one workspace for the whole sequence, allocated for the widest row its layers carry
     widest = max((w.moe.payloads for w in seq), key=lambda ps: sum(p.bytes_per_token for p in ps))
     for n, world in enumerate(seq):
@@ -84,7 +106,9 @@ def _pairs(policy, seq: Sequence[World], name: str, engine_worlds, hold: bool) -
             pairs.append(RoundPair(last[0], n, (last[1], values[0]),
                                    rows_at_risk(last[2], this[0], last[3], this[1])))
         last = (n, values[0], *this)
-    return pairs
+        ran.append((world, values, n))
+    return Rounds(tuple(w for w, _, _ in ran), tuple(v for _, v, _ in ran),
+                  tuple(n for _, _, n in ran), tuple(pairs))
 
 
 def check_sequence(policy, seq: Sequence[World], name: str = "the rule",
@@ -95,9 +119,17 @@ def check_sequence(policy, seq: Sequence[World], name: str = "the rule",
     before it and its own (None where it runs no round, or none ran before it).
     ``engine_worlds``: maps a step to the world the engine runs (``properties.world_for``)."""
     hazards: List[Optional[Tuple[int, ...]]] = [None] * max(0, len(seq) - 1)
-    for pair in _pairs(policy, seq, name, engine_worlds, hold=True):
+    for pair in _rounds(policy, seq, name, engine_worlds, hold=True).pairs:
         hazards[pair.after - 1] = pair.risk
     return tuple(hazards)
+
+
+def checked_rounds(policy, seq: Sequence[World], name: str = "the rule",
+                   engine_worlds=None) -> Rounds:
+    """``check_sequence``'s checks, and the rounds the policy ran: what a tier that runs the
+    rounds on kernels (one GPU, the rank pool) runs, with each round's own runtime (the
+    policy is called once per step, in order, as the engine would call it)."""
+    return _rounds(policy, seq, name, engine_worlds, hold=True)
 
 
 def round_pairs(policy, seq: Sequence[World], engine_worlds=None) -> List[RoundPair]:
@@ -105,7 +137,7 @@ def round_pairs(policy, seq: Sequence[World], engine_worlds=None) -> List[RoundP
     the rows each puts at risk, whatever else the policy gets right or wrong on those steps
     (the bug classes and properties are other checks): a step that crashes, or whose ranks
     disagree, runs no round."""
-    return _pairs(policy, seq, "the policy", engine_worlds, hold=False)
+    return list(_rounds(policy, seq, "the policy", engine_worlds, hold=False).pairs)
 
 
 def exposes_cross_round(policy, seq: Sequence[World], engine_worlds=None) -> bool:

@@ -17,10 +17,20 @@ from .world import World
 __all__ = ["as_vllm_world", "not_producible"]
 
 
-def as_vllm_world(world: World, raise_cap: bool = True) -> World:
+def as_vllm_world(world: World, raise_cap: bool = True, side: str = "one-sided") -> World:
     """The step as vLLM would run it: idle DP ranks at one token, every count recorded and
     (``raise_cap``) the cap at least every DP rank's batch. The GPU tiers keep the cap, which
-    their workspaces were built for, and leave a world whose cap is too small to vLLM."""
+    their workspaces were built for, and leave a world whose cap is too small to vLLM.
+
+    The two-sided backend has no sequence-parallel split and needs DP metadata: every EP rank
+    is a DP rank of its own there. A world with attention TP (or DP = 1) becomes the one whose
+    DP ranks each batch the rows that EP rank holds in ``world`` (same EP ranks, same payload
+    rows per rank, same cap), rather than a world vLLM never runs (which the tiers would have
+    to throw away: most of what ``worlds()`` draws has attention TP)."""
+    if side == "two-sided" and world.ep_size > 1 and (world.attn_tp_size > 1
+                                                      or world.dp_size == 1):
+        world = replace(world, dp_size=world.ep_size, group_tokens=world.rows_per_rank,
+                        dp_global_kind="recorded")
     tokens = tuple(max(1, n) for n in world.group_tokens)
     cap = max(world.max_num_tokens, max(tokens)) if raise_cap else world.max_num_tokens
     return replace(world, group_tokens=tokens, dp_global_kind="recorded", max_num_tokens=cap)

@@ -139,7 +139,7 @@ class VLLMRelease(EnginePolicy):
     def engine_world(self, world: World, keep_cap: bool = False) -> World:
         """The nearest world vLLM runs with this backend (``NotApplicable`` if none); with
         ``keep_cap`` only at the same cap (a rank pool's workspaces are built per cap)."""
-        world = as_vllm_world(world, raise_cap=not keep_cap)
+        world = as_vllm_world(world, raise_cap=not keep_cap, side=self.side)
         reason = not_producible(world, self.side)
         if reason:
             raise NotApplicable(reason)

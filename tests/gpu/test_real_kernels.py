@@ -1,5 +1,8 @@
 """Tier ``gpu``: every EP rank of a generated world in one process on one GPU, through
-FlashInfer's real dispatch and combine kernels (``dispatcher/gpu/single.py``).
+FlashInfer's real dispatch and combine kernels (``dispatcher/gpu/single.py``). Without a GPU
+the same test bodies run on the exact CPU model behind the same driver calls
+(``dispatcher/gpu/single_cpu.py``), so the tier's logic is checked in CI under every kind of
+policy; the tests that need the hardware itself carry ``real_kernels``.
 
 Per example: the sizing properties of the policy under test, the dispatcher's validation,
 then the round trip with the validated runtime: combine output equals the reference (bf16,
@@ -11,6 +14,7 @@ FlashInfer's ``moe_a2a_get_workspace_size_per_rank`` / aux size / metainfo / com
 import pytest
 from hypothesis import event, example, given
 
+from dispatcher.gpu.env import flashinfer_missing
 from dispatcher.model import properties
 from dispatcher.model.validation import validate
 from dispatcher.model.world import MoeConfig, World
@@ -19,12 +23,15 @@ from strategies import gpu_worlds, moe_configs, worlds
 from strategies.sequences import gpu_sequences
 
 pytestmark = pytest.mark.gpu
+# No GPU or FlashInfer here: the tier runs on the exact CPU model, in the worlds it materialises
+ON_CPU = bool(flashinfer_missing())
 
 
 @pytest.fixture(scope="session")
 def single_gpu():
-    """The installed FlashInfer generation's driver (0.7.2 or 0.7.4), started in the background
-    by this worker after collection where the scheduler pinned this tier to it."""
+    """The installed FlashInfer generation's driver (0.7.2 or 0.7.4), or the exact CPU model's
+    where there is none, started in the background by this worker after collection where the
+    scheduler pinned this tier to it."""
     from dispatcher.gpu import warm
 
     return warm.take("gpu-single")
@@ -43,7 +50,7 @@ def _report(world, values, rt, name):
 @example(world=World(ep_size=2, dp_size=2, group_tokens=(9, 9), max_num_tokens=16,
                      moe=MoeConfig(hidden_size=128, top_k=8, num_experts=8, routing="hot_rank")))
 @example(world=World(ep_size=8, dp_size=1, group_tokens=(0,), max_num_tokens=1))
-@given(world=gpu_worlds())
+@given(world=gpu_worlds(emulated=ON_CPU))
 def test_real_round_trip(world, policy, policy_spec, single_gpu):
     world = properties.world_for(policy, world)  # an engine's own world (vLLM)
     values = properties.values_or_reject(policy, world, policy_spec)
@@ -54,7 +61,14 @@ def test_real_round_trip(world, policy, policy_spec, single_gpu):
     assert not rt.problems, _report(world, values, rt, policy_spec)
 
 
-@given(seq=gpu_sequences())
+# SGLang's scheduler runs no forward when every DP group is idle: two such steps are no round
+# (the GPU tier once ran them and failed every unmodified SGLang release)
+ALL_IDLE_STEP = World(ep_size=1, dp_size=1, group_tokens=(0,), max_num_tokens=1,
+                      moe=MoeConfig(hidden_size=64, top_k=1, num_experts=1))
+
+
+@example(seq=(ALL_IDLE_STEP, ALL_IDLE_STEP))
+@given(seq=gpu_sequences(emulated=ON_CPU))
 def test_real_rounds_back_to_back_on_one_workspace(seq, policy, policy_spec, single_gpu):
     """A sequence of steps through the policy under test, then through the real kernels on one
     workspace with no host sync between rounds, each rank on its own stream
@@ -62,23 +76,24 @@ def test_real_rounds_back_to_back_on_one_workspace(seq, policy, policy_spec, sin
     cross-round hazard puts round n's combine rows at risk (FlashInfer 0.7.2, a layout that
     grows): a wrong output there is the race shown on real kernels, reported in the statistics,
     never a failure of the policy (docs/flashinfer.md)."""
-    from dispatcher.gpu.sequence import run_sequence
-    from dispatcher.model.sequences import check_sequence
+    from dispatcher.model.sequences import checked_rounds
 
-    worlds_ = [properties.world_for(policy, w, keep_cap=True) for w in seq]
-    hazards = check_sequence(policy, worlds_, policy_spec)  # every property at every step
-    runtimes = [validate(properties.rule_values(policy, w, policy_spec), w.views)
-                for w in worlds_]
-    problems = run_sequence(single_gpu, worlds_, runtimes)
+    rounds = checked_rounds(policy, seq, policy_spec,  # every property at every step
+                            engine_worlds=lambda w: properties.world_for(policy, w, keep_cap=True))
+    if not rounds.worlds:  # every step one the engine never runs (all idle, say): no round
+        event("no round ran")
+        return
+    runtimes = [validate(values, w.views) for w, values in zip(rounds.worlds, rounds.values)]
+    problems = single_gpu.run_sequence(rounds.worlds, runtimes)
     for n, found in enumerate(problems):
-        at_risk = n < len(hazards) and hazards[n] is not None and any(hazards[n])
-        if at_risk:
+        if rounds.at_risk(n):
             event(f"rows at risk after round {n + 1}: "
                   f"{'RACE SHOWN (output wrong)' if found else 'output exact'}")
             continue
-        assert not found, "; ".join(found) + f"\nsequence: {tuple(worlds_)!r}"
+        assert not found, "; ".join(found) + f"\nsequence: {rounds.worlds!r}"
 
 
+@pytest.mark.real_kernels
 @given(world=worlds(moe=moe_configs))
 def test_byte_model_equals_flashinfer(world, single_gpu):
     """Every drawn config, ep_size up to 64 and realistic hidden sizes and caps."""
@@ -125,6 +140,7 @@ def test_prefix_rule_rejected_in_sp_worlds(single_gpu):
         properties.check_tight(world, values, "prefix_rule")
 
 
+@pytest.mark.real_kernels
 def test_after_a_cuda_fault_every_later_run_fails_fast_naming_it(single_gpu):
     """One dead CUDA context must not turn every later GPU test into an odd error: once a
     run faulted, the next ones raise CudaContextDead naming the world that faulted."""
@@ -161,6 +177,7 @@ def test_074_refused_rank_is_reported_with_no_peer_spinning(single_gpu):
         assert not single_gpu.run(world, [5, 5, 5, 5]).problems  # and the next round is exact
 
 
+@pytest.mark.real_kernels
 @pytest.mark.parametrize("ep_size", range(1, 65))  # FlashInfer 0.7.2: at most 64 ranks
 def test_byte_model_equals_flashinfer_at_every_ep(ep_size, single_gpu):
     """Every ep_size FlashInfer 0.7.2 takes, at caps from 1 to 16384, DeepSeek-V3's shape
@@ -175,6 +192,7 @@ def test_byte_model_equals_flashinfer_at_every_ep(ep_size, single_gpu):
             assert all(ours == theirs for ours, theirs in model.values()), (model, world)
 
 
+@pytest.mark.real_kernels
 def test_the_largest_worlds_co_residency_allows(single_gpu, policy, policy_spec):
     """The real kernels at the largest ep_size one GPU can run as concurrent streams and at
     every DP-attention width down to 2, each with as many rows per rank as keep every rank's
@@ -202,6 +220,7 @@ def test_the_largest_worlds_co_residency_allows(single_gpu, policy, policy_spec)
             world, values, rt, policy_spec)
 
 
+@pytest.mark.real_kernels
 @pytest.mark.parametrize("ep_size", [65, 96, 128, 200, 255, 256])
 def test_074_byte_model_past_64_ranks(ep_size, single_gpu):
     """0.7.4 takes up to 256 ranks: its layout function (no kernel) against ours."""

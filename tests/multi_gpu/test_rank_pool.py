@@ -40,40 +40,27 @@ def test_pool_rounds_back_to_back(ep_size, pools, policy, policy_spec):
     from hypothesis import event
 
     from dispatcher.gpu.rank_pool import RemoteMismatch
-    from dispatcher.model.sequences import check_sequence
-    from dispatcher.sizing import NotApplicable
+    from dispatcher.model.sequences import checked_rounds
     from strategies.sequences import pool_sequences
 
     pool = pools(ep_size)
     where = "the emulated pool" if pool.emulated else "the real kernels"
-    hazards = {}
+    ran = {}
 
-    def engine(seq):
-        """The steps the engine runs (a step it never runs, an all-idle one say, is no round)."""
-        ran = []
-        for world in seq:
-            world = properties.world_for(policy, world, keep_cap=True)
-            try:
-                properties.rule_values(policy, world, policy_spec)
-            except NotApplicable:
-                continue
-            ran.append(world)
-        return tuple(ran)
-
-    def on_cpu(seq):
-        hazards[seq] = check_sequence(policy, engine(seq), policy_spec)  # every property
+    def on_cpu(seq):  # every property at every step; a step the engine never runs is no round
+        ran[seq] = checked_rounds(policy, seq, policy_spec, engine_worlds=lambda w: (
+            properties.world_for(policy, w, keep_cap=True)))
 
     def on_pool(seq):
-        if not engine(seq):
+        rounds = ran[seq]
+        if not rounds.worlds:
             return
-        rounds = pool.run_sequence(engine(seq), policy_spec)
-        for n, found in enumerate(rounds):
-            risk = hazards[seq][n] if n < len(hazards[seq]) else None
-            if risk is not None and any(risk):
+        for n, found in enumerate(pool.run_sequence(rounds.worlds, policy_spec)):
+            if rounds.at_risk(n):
                 event(f"rows at risk after round {n + 1}: "
                       f"{'RACE SHOWN (output wrong)' if found else 'output exact'}")
             elif found:
-                raise RemoteMismatch("; ".join(found) + f"\nsequence: {engine(seq)!r}")
+                raise RemoteMismatch("; ".join(found) + f"\nsequence: {rounds.worlds!r}")
 
     # each example is up to 4 rounds on every rank: 50 sequences are about as many rounds as
     # the round-trip test's worlds under the gpu profile
