@@ -36,7 +36,7 @@ ONE_FORMAT = step_sequences(max_ep=4, max_steps=3, formats_change=False, within_
 LEGEND = ("`cross-round`: FlashInfer 0.7.2's cross-round race (a hazard of the stack: "
           "docs/flashinfer.md, \"Two rounds on one workspace\"), \"exposed\" where the release's "
           "runtimes let round n+1's receive planes reach round n's combine input, with the two "
-          "rounds shrunk; no pinned release runs on 0.7.4, whose layout closes it")
+          "rounds shrunk; on 0.7.4 (the generation vLLM 0.34.0 is judged on) the layout closes it")
 
 
 def engine_worlds(policy):

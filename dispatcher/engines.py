@@ -46,6 +46,14 @@ class Engine:
     def owns(self, spec: str) -> bool:
         return spec.partition(":")[0] == self.name
 
+    def judged_on(self, version: str) -> str:
+        """The FlashInfer generation pinned release ``version`` is judged on: the one whose
+        API it calls (``fetch.JUDGED_ON``; else the one every older release calls)."""
+        from .model.generations import PINNED_RELEASES_GENERATION
+
+        return getattr(self.module("fetch"), "JUDGED_ON", {}).get(
+            version, PINNED_RELEASES_GENERATION)
+
     def verdicts(self):
         """Its verdict tables: ``TITLE``, ``default_specs()``, ``tables(specs)``."""
         return self.module("verdicts")

@@ -62,21 +62,26 @@ def pinned_releases(load_release):
 @pytest.fixture(autouse=True)
 def _engine_generation(request):
     """Under ``engine_releases``: the pinned releases' history is a fact about the FlashInfer
-    they call, so it runs on that generation whatever ``--flashinfer`` says; the engine
-    under test (``--policy=sglang:...``/``vllm:...``) runs on the session's generation."""
+    they call, so it runs on that generation whatever ``--flashinfer`` says (a test over
+    several releases puts each on its own: ``Engine.judged_on``); the engine under test
+    (``--policy=sglang:...``/``vllm:...``) runs on the session's generation."""
     mark = request.node.get_closest_marker("engine_releases")
     if mark is None:
         yield
         return
     engine = mark.args[0]
-    if mark.kwargs.get("under_test"):
-        policy_spec = request.config.getoption("--policy")
-        if engine_spec(policy_spec, engine) == policy_spec:
-            yield
-            return
+    from dispatcher.engines import ENGINES
     from dispatcher.model.generations import PINNED_RELEASES_GENERATION, using
 
-    with using(PINNED_RELEASES_GENERATION):
+    generation = PINNED_RELEASES_GENERATION
+    if mark.kwargs.get("under_test"):
+        policy_spec = request.config.getoption("--policy")
+        spec = engine_spec(policy_spec, engine)
+        if spec == policy_spec:
+            yield
+            return
+        generation = ENGINES[engine].judged_on(spec.partition(":")[2])  # its newest release's
+    with using(generation):
         yield
 
 

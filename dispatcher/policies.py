@@ -178,8 +178,9 @@ def describe_policy(spec: str) -> str:
         path, label = loader.main_path(spec.partition(":")[2])
         from .wheels import sha256
 
+        own = getattr(loader, "header_note", lambda _: "")(path)  # what runs, what is stood in
         return (f" ({path}, sha256 {sha256(path)[:16]})\n  the engine's code beside it: "
-                f"{loader.companions_of(path).origin}")
+                f"{loader.companions_of(path).origin}{own}")
     except ImportError as exc:  # torch missing
         raise PolicyError(f"--policy {spec} needs torch (pip install torch==2.13.0, the CPU "
                           f"build): {exc}") from None

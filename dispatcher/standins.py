@@ -19,7 +19,7 @@ from typing import Dict, Mapping
 from .model.payloads import PayloadFormat, dispatch_payloads
 from .wheels import ReleaseError
 
-__all__ = ["Launched", "StandIn", "FlashInferStandIn", "build_modules", "flashinfer_api",
+__all__ = ["Launched", "StandIn", "Unmodelled", "UnmodelledCode", "UnmodelledModule", "FlashInferStandIn", "build_modules", "flashinfer_api",
            "quantized_zeros", "fp4_quantize", "mxfp8_quantize", "identity", "MODULE_TABLE",
            "reentrant", "exec_engine_file"]
 
@@ -69,6 +69,45 @@ def exec_engine_file(path: Path, module_name: str, sandbox, spec_name: str):
     return module
 
 
+class UnmodelledCode(ReleaseError):
+    """The release used a name of a vLLM module the gate neither runs nor stands in."""
+
+
+class Unmodelled:
+    """A name of a vLLM module the gate does not run: any use raises ``UnmodelledCode``."""
+
+    def __init__(self, qualname: str):
+        object.__setattr__(self, "_qualname", qualname)
+
+    def _refuse(self, *a, **k):
+        raise UnmodelledCode(
+            f"the release used {self._qualname}, which the gate neither runs nor stands in "
+            f"(dispatcher/<engine>/standins.py, dispatcher/vllm/release_modules.py): not judged")
+
+    __call__ = __bool__ = __iter__ = __len__ = __index__ = __int__ = _refuse
+    __eq__ = __lt__ = __le__ = __gt__ = __ge__ = __getitem__ = __enter__ = _refuse
+
+    def __hash__(self):
+        return hash(self._qualname)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Unmodelled(f"{self._qualname}.{name}")
+
+    def __repr__(self):
+        return f"<not run by the gate: {self._qualname}>"
+
+
+class UnmodelledModule(types.ModuleType):
+    """A vLLM module the gate does not run: its names are ``Unmodelled``."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Unmodelled(f"{self.__name__}.{name}")
+
+
 class Launched(Exception):
     """The engine's call reached FlashInfer's launch: ``record`` holds what it passed."""
 
@@ -103,17 +142,34 @@ class FlashInferStandIn(StandIn):
                           f"{self.version} has no such name)", name=self.__name__)
 
 
+class LenientStandIn(StandIn):
+    """A stand-in module of the engine's own code whose unlisted names are ``Unmodelled``: the
+    engine's next release may import a name it never uses on this path (it is then simply
+    run), and any use of one is refused by name, never a silent stub."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        import sys
+
+        sub = sys.modules.get(f"{self.__name__}.{name}")  # a submodule the sandbox holds now
+        return sub if sub is not None else Unmodelled(f"{self.__name__}.{name}")
+
+
 def build_modules(table: Mapping[str, Mapping[str, object]], adapter: str, version: str,
-                  flashinfer_names: bool = True) -> Dict[str, types.ModuleType]:
+                  flashinfer_names: bool = True, lenient: bool = False
+                  ) -> Dict[str, types.ModuleType]:
     """One stand-in module per entry of ``table`` (module name -> its names); each a package
     (submodule imports resolve through ``sys.modules``) and an attribute of its parent
     (``import a.b.c as x`` walks them). ``flashinfer_names``: the table's FlashInfer modules
     hold every name release ``version`` binds that the engine's file uses, so a missing name
-    is FlashInfer's (``cannot import name``), not the adapter's."""
+    is FlashInfer's (``cannot import name``), not the adapter's. ``lenient``: the engine's
+    modules are ``LenientStandIn`` (FlashInfer's stay strict)."""
     mods = {}
     for name, attrs in table.items():
-        flashinfer = flashinfer_names and name.split(".")[0] == "flashinfer"
-        m = FlashInferStandIn(name) if flashinfer else StandIn(name)
+        flashinfer = name.split(".")[0] == "flashinfer"
+        m = (FlashInferStandIn(name) if flashinfer and flashinfer_names else
+             LenientStandIn(name) if lenient and not flashinfer else StandIn(name))
         m.adapter, m.version = adapter, version
         m.__dict__.update(attrs)
         m.__path__ = []

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, Optional
 
-from .fetch import COMM_INIT, MOE_A2A_072, ONE_SIDED, TWO_SIDED, PACKAGE, ReleaseError
+from .fetch import (COMM_INIT, MOE_A2A_072, MOE_EP_INIT, ONE_SIDED, TWO_SIDED, TWO_SIDED_EP,
+                    PACKAGE, ReleaseError)
 
 __all__ = ["Api", "api", "ENTRY_POINTS"]
 
@@ -30,6 +31,7 @@ ENTRY_POINTS = {
                                             "moe_a2a_get_workspace_size_per_rank"),
     "NVLinkOneSidedAlltoAll.dispatch": (ONE_SIDED, "NVLinkOneSidedAlltoAll", "dispatch"),
     "NVLinkOneSidedAlltoAll.combine": (ONE_SIDED, "NVLinkOneSidedAlltoAll", "combine"),
+    "NVLinkTwoSidedAlltoAll.dispatch": (TWO_SIDED_EP, "NVLinkTwoSidedAlltoAll", "dispatch"),
 }
 # modules engines import by path (``flashinfer.comm.trtllm_alltoall``: vLLM's two-sided file)
 MODULES = {"flashinfer.comm.trtllm_alltoall": TWO_SIDED,
@@ -40,6 +42,7 @@ MODULES = {"flashinfer.comm.trtllm_alltoall": TWO_SIDED,
 class Api:
     version: str
     comm_names: FrozenSet[str]  # what ``from flashinfer.comm import NAME`` finds
+    moe_ep_names: FrozenSet[str]  # what ``from flashinfer.moe_ep import NAME`` finds
     modules: FrozenSet[str]  # importable modules of MODULES
     signatures: Dict[str, inspect.Signature]  # of ENTRY_POINTS present in the release
 
@@ -55,9 +58,23 @@ class Api:
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as exc:
-            raise TypeError(f"{entry}() {exc}") from None
+            raise TypeError(f"{entry}() {exc}{self._taken_elsewhere(entry, kwargs)}") from None
         bound.apply_defaults()
         return bound
+
+    def _taken_elsewhere(self, entry: str, kwargs) -> str:
+        """For a keyword this release does not take: which generation's ``entry`` does (a
+        compatibility verdict: the engine calls another FlashInfer's API)."""
+        from ..model.generations import GENERATIONS
+
+        unknown = [k for k in kwargs if k not in self.signatures[entry].parameters]
+        if not unknown:
+            return ""
+        others = [v for v in GENERATIONS if v != self.version and api(v).has(entry)
+                  and all(k in api(v).signatures[entry].parameters for k in unknown)]
+        taken = ", ".join(f"FlashInfer {v}" for v in others) or "no FlashInfer the gate models"
+        return (f" (FlashInfer {self.version} does not take "
+                f"{', '.join(k + '=' for k in unknown)}; {taken} does)")
 
     def runtime_keyword(self, entry: str) -> Optional[str]:
         """The parameter of ``entry`` that carries the runtime tokens per rank."""
@@ -130,4 +147,6 @@ def api(version: str) -> Api:
         if node is not None:
             signatures[entry] = _signature(node, method=cls is not None)
     modules = frozenset(m for m, f in MODULES.items() if tree(f) is not None)
-    return Api(version, _bound_names(comm), modules, signatures)
+    moe_ep = tree(MOE_EP_INIT)
+    return Api(version, _bound_names(comm), _bound_names(moe_ep) if moe_ep else frozenset(),
+               modules, signatures)

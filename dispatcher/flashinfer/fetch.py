@@ -14,11 +14,14 @@ from ..model.generations import GENERATIONS
 from ..wheels import Package, ReleaseError
 
 __all__ = ["ReleaseError", "PACKAGE", "ONE_SIDED", "COMM_INIT", "MOE_A2A_072", "TWO_SIDED",
+           "TWO_SIDED_EP",
            "MOE_EP_INIT", "COMM_BASE", "LAYOUT_CU", "LAYOUT_CU_072", "META_H", "KERNELS_H",
            "CACHE_ENV", "PINNED", "source_file"]
 
 # moe_ep's NVLinkOneSidedAlltoAll (0.7.2: a wrapper over MoeAlltoAll; 0.7.4: the only API)
 ONE_SIDED = "flashinfer/moe_ep/backends/split/comm/nvlink_one_sided/communication.py"
+# moe_ep's NVLinkTwoSidedAlltoAll (vLLM 0.34's two-sided path)
+TWO_SIDED_EP = "flashinfer/moe_ep/backends/split/comm/nvlink_two_sided/communication.py"
 COMM_INIT = "flashinfer/comm/__init__.py"  # what ``from flashinfer.comm import ...`` finds
 MOE_A2A_072 = "flashinfer/comm/trtllm_moe_alltoall.py"  # MoeAlltoAll, moe_a2a_* (gone in 0.7.4)
 TWO_SIDED = "flashinfer/comm/trtllm_alltoall.py"  # MnnvlMoe (vLLM's two-sided path; gone in 0.7.4)
@@ -32,7 +35,7 @@ KERNELS_H = f"{_TRT}/kernels/moe/communication/moeAlltoAllKernels.h"
 CACHE_ENV = "A2A_GATE_FLASHINFER_CACHE"
 PINNED = tuple(GENERATIONS)  # the generations the gate models (0.7.2.post1's A2A files are 0.7.2's)
 PACKAGE = Package("flashinfer-python", (ONE_SIDED,),
-                  (COMM_INIT, MOE_A2A_072, TWO_SIDED, MOE_EP_INIT, COMM_BASE, LAYOUT_CU,
+                  (COMM_INIT, MOE_A2A_072, TWO_SIDED, TWO_SIDED_EP, MOE_EP_INIT, COMM_BASE, LAYOUT_CU,
                    LAYOUT_CU_072, META_H, KERNELS_H),
                   CACHE_ENV, "FlashInfer's A2A sources", Path(__file__).with_name("pins.json"),
                   module="flashinfer")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import types
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,9 +41,13 @@ from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from ..companions import Companions, companion_function, resolve
 from ..engine_tensors import stand_in_rows
-from ..standins import exec_engine_file, reentrant
+from ..standins import StandIn, exec_engine_file, reentrant
+from .release_modules import MANAGER_CLASSES, CpuGroup, release_modules, runtime_patches
 from ..wheels import ReleaseError, sha256
 from . import fetch
+from .fetch import RELEASE_MODULES
+
+ALL2ALL = "vllm.distributed.device_communicators.all2all"
 from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, current,
                        stand_in_modules)
 
@@ -79,13 +84,84 @@ def num_tokens_across_dp(world: World) -> List[int]:
 
 @reentrant
 @contextmanager
-def _sandbox():
+def _sandbox(root: Optional[Path] = None, side: str = ""):
     """The stand-in modules in ``sys.modules`` (the two-sided file imports FlashInfer inside
-    prepare(), so calls run inside it too)."""
+    prepare(), so calls run inside it too), with the release's own vLLM modules under ``root``
+    (``release_modules.py``) in place of their stand-ins."""
     import torch  # noqa: F401 - imported outside the patch, or restoring sys.modules drops it
+    import torch.distributed  # noqa: F401
 
-    with mock.patch.dict(sys.modules, stand_in_modules()):
+    with mock.patch.dict(sys.modules, stand_in_modules()), runtime_patches():
+        if root is not None:
+            sys.modules.update(_own_modules(root, side))
         yield
+
+
+_OWN: Dict[tuple, Dict[str, object]] = {}
+_OWN_NOTES: Dict[tuple, str] = {}
+
+
+def _own_modules(root: Path, side: str) -> Dict[str, object]:
+    """The release's own modules to put in place of the stand-ins (loaded once per tree, side
+    and generation, inside the sandbox). Its all-to-all managers replace the gate's only where
+    they build FlashInfer's ``moe_ep`` communication, the API the FlashInfer recorders model;
+    otherwise the gate's stand-in manager runs, and ``own_code_note`` says so."""
+    key = (str(root), side, active().version)
+    if key not in _OWN:
+        try:
+            own = release_modules(root, f"vllm:{root}", {})
+        except ReleaseError as exc:  # an older tree: its modules import what is not modelled
+            _OWN[key], _OWN_NOTES[key] = {}, (
+                f"the gate's stand-ins for its all-to-all managers and their modules "
+                f"(dispatcher/vllm/standins.py), since {str(exc).partition(': ')[2]}")
+            for name in RELEASE_MODULES:  # what the failed load left in the sandbox goes too
+                sys.modules.pop(name, None)
+            return _OWN[key]
+        modules = dict(own.modules)
+        if side and own.manager_class(side) is None:
+            modules.pop(ALL2ALL, None)  # the file's isinstance check needs the manager it gets
+            sys.modules[ALL2ALL] = stand_in_modules()[ALL2ALL]
+            _OWN_NOTES[key] = (f"the gate's stand-in {MANAGER_CLASSES[side]} (this release's "
+                               f"manager builds FlashInfer's flashinfer.comm workspaces, which "
+                               f"the gate does not model; dispatcher/vllm/standins.py)")
+        _OWN[key] = modules
+    return _OWN[key]
+
+
+def header_note(path: Path) -> str:
+    """For the report header, read without running anything: which of vLLM's own modules run
+    beside ``path``, and which of its code the gate stands in for by hand, with the reason."""
+    import ast
+
+    side = _side_of(path)
+    root = own_root(path, companions_of(path))
+    have = [n.rpartition(".")[2] for n, rel in RELEASE_MODULES.items()
+            if root is not None and (root / rel).is_file()]
+    if not have:
+        return ("\n  by hand: the gate's stand-ins for vLLM's all-to-all managers (no "
+                "all2all.py beside the file)")
+    all2all = root / RELEASE_MODULES[ALL2ALL]
+    manager = MANAGER_CLASSES.get(side or "", "")
+    try:
+        tree = ast.parse(all2all.read_text()) if all2all.is_file() else None
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    node = next((n for n in getattr(tree, "body", []) if isinstance(n, ast.ClassDef)
+                 and n.name == manager), None)
+    text = "" if node is None or tree is None else (ast.get_source_segment(all2all.read_text(), node) or "")
+    if "flashinfer.moe_ep" in text:
+        return f"\n  vLLM's own code run beside it: {', '.join(have)} (its {manager} among them)"
+    return (f"\n  vLLM's own code run beside it where it loads: {', '.join(have)}; by hand: the "
+            f"gate's stand-in {manager or 'manager'} (this release's builds FlashInfer's "
+            f"flashinfer.comm workspaces, which the gate does not model)")
+
+
+def own_code_note(root: Path, side: str) -> str:
+    """What of vLLM's own code beside the file runs, and what the gate stands in for by hand."""
+    key = (str(root), side, active().version)
+    mods = sorted(n.rpartition(".")[2] for n in _OWN.get(key, ()))
+    text = f"vLLM's own {', '.join(mods)}" if mods else "none of vLLM's modules beside it"
+    return text + (f"; by hand: {_OWN_NOTES[key]}" if key in _OWN_NOTES else "")
 
 
 @dataclass(repr=False, eq=False)
@@ -102,6 +178,7 @@ class VLLMRelease(EnginePolicy):
     side: str
     compute_sp: Callable = None  # vLLM's _compute_sp_num_tokens (dispatcher.companions)
     companions: Optional[Companions] = None
+    root: Optional[Path] = None  # the tree whose vLLM modules run beside the file (own_root)
     _instances: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict, repr=False)
     _inputs: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
     MAX_INSTANCES = 16384  # one per rank and layer shape; cheap objects
@@ -120,7 +197,7 @@ class VLLMRelease(EnginePolicy):
         ``flashinfer.comm`` differ by generation), executed once per generation."""
         version = active().version
         if version not in self.loaded:
-            self.loaded[version] = _exec(self.path, self.sha256, version)
+            self.loaded[version] = _exec(self.path, self.sha256, version, self.side, self.root)
         return self.loaded[version]
 
     def __repr__(self):
@@ -173,7 +250,7 @@ class VLLMRelease(EnginePolicy):
             self._instances.move_to_end(key)
             layer, state.manager = self._instances[key]
             return layer
-        state.manager = OneSidedManager(world, rank)
+        state.manager = self._manager(world, rank)
         if len(self._instances) >= self.MAX_INSTANCES:
             self._instances.popitem(last=False)
         hidden, scales = moe.payloads[0].bytes_per_token, (
@@ -194,6 +271,14 @@ class VLLMRelease(EnginePolicy):
         self._instances[key] = (layer, state.manager)
         return layer
 
+    def _manager(self, world: World, rank: int):
+        """This rank's all-to-all manager: the release's own class, constructed as vLLM's EP
+        group does (``cls(cpu_group)``), where the sandbox holds it; else the stand-in."""
+        own = sys.modules.get(ALL2ALL)
+        cls = getattr(own, MANAGER_CLASSES[self.side], None) if isinstance(
+            own, types.ModuleType) and not isinstance(own, StandIn) else None
+        return cls(CpuGroup(rank, world.ep_size)) if cls else OneSidedManager(world, rank)
+
     def _tensors(self, n: int, moe):
         key = (n, moe.hidden_size, moe.top_k, moe.num_experts)
         if key not in self._inputs:
@@ -207,7 +292,7 @@ class VLLMRelease(EnginePolicy):
         reason = not_producible(world, self.side)
         if reason:
             raise NotApplicable(reason)
-        with _sandbox():
+        with _sandbox(self.root, self.side):
             return self._run_rank(world, rank, self.local_sizes(world))
 
     def step(self, world: World) -> List[Outcome]:
@@ -216,7 +301,7 @@ class VLLMRelease(EnginePolicy):
         if reason:
             raise NotApplicable(reason)
         sizes = self.local_sizes(world)
-        with _sandbox():
+        with _sandbox(self.root, self.side):
             return [self._run_rank(world, r, sizes) for r in range(world.ep_size)]
 
     def _run_rank(self, world: World, rank: int, local_sizes) -> Outcome:
@@ -316,10 +401,12 @@ _LOADED: Dict[tuple, VLLMRelease] = {}
 _MODULES: Dict[str, object] = {}
 
 
-def _exec(path: Path, digest: str, version: str):
-    name = f"_a2a_gate_vllm_{digest[:16]}_{version.replace('.', '_')}"
+def _exec(path: Path, digest: str, version: str, side: str, root: Optional[Path]):
+    """The file executed against the FlashInfer generation ``version`` with the modules of
+    the tree ``root`` beside it."""
+    name = f"_a2a_gate_vllm_{digest[:16]}_{version.replace('.', '_')}_{side.replace('-', '_')}"
     if name not in _MODULES:
-        _MODULES[name] = exec_engine_file(path, name, _sandbox(), "vllm")
+        _MODULES[name] = exec_engine_file(path, name, _sandbox(root, side), "vllm")
     return _MODULES[name]
 
 
@@ -337,8 +424,7 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
         raise ReleaseError(f"vllm:{path}: expected vLLM's flashinfer_nvlink_one_sided.py (or "
                            f"two_sided), a vLLM checkout, a wheel or a release version")
     digest = sha256(path)
-    module = _exec(path, digest, active().version)  # the file itself first
-    side = next((s for s, cls in SIDES.items() if isinstance(getattr(module, cls, None), type)), None)
+    side = _side_of(path)
     if side is None:
         raise ReleaseError(f"vllm:{path} defines neither {' nor '.join(SIDES.values())}: it is "
                            f"not vLLM's FlashInfer NVLink prepare/finalize file")
@@ -350,10 +436,34 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
 
     source = companions.source("_compute_sp_num_tokens")
     split = companion_function(source, "_compute_sp_num_tokens", {"torch": torch})
+    root = own_root(path, companions)
+    module = _exec(path, digest, active().version, side, root)  # the file, with its modules
     release = VLLMRelease(path, label or str(path), {active().version: module}, digest, side,
-                          split, companions=companions)
+                          split, companions=companions, root=root)
     _LOADED[key] = release
     return release
+
+
+def own_root(path: Path, companions: Companions) -> Optional[Path]:
+    """The tree whose vLLM modules run beside ``path``: its own, or for a lone file the
+    release its companions come from (the one it is identical to, else the newest pinned)."""
+    root = fetch.PACKAGE.root_of(path)
+    if root is None:
+        source = companions.source("_compute_sp_num_tokens")
+        root = fetch.PACKAGE.root_of(source) if source is not None else None
+    return root
+
+
+def _side_of(path: Path) -> Optional[str]:
+    """Which side's prepare/finalize class the file defines (read, not run)."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ReleaseError(f"vllm:{path}: not a Python file vLLM could import ({exc})") from None
+    names = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    return next((s for s, cls in SIDES.items() if cls in names), None)
 
 
 def _split(target: str):

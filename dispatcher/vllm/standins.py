@@ -6,8 +6,10 @@ world under test.
 ``get_ep_group()`` hands out the EP rank's all-to-all manager, whose communication objects
 are recorders: FlashInfer's ``MoeAlltoAll.dispatch`` (0.18-0.32), the ``moe_ep`` wrapper's
 ``dispatch(max_tokens_per_rank=)`` (0.33) and ``MnnvlMoe`` (two-sided) capture the per-rank
-maximum vLLM passes and stop prepare() there. A name missing from the table fails the load by
-name (never a silent stub).
+maximum vLLM passes and stop prepare() there. Where the release has them, vLLM's own modules
+replace these stand-ins (``release_modules.py``: its all-to-all managers among them), and a
+name of vLLM's that neither provides is ``Unmodelled``: imported freely, refused by name on use
+(never a silent stub).
 """
 from __future__ import annotations
 
@@ -202,7 +204,32 @@ def _identity(x, *a, **k):
     return x
 
 
+def _launch(api: str, max_num_tokens, runtime, payloads) -> Launch:
+    return Launch(runtime, max_num_tokens, _payload_bytes(payloads), api)
+
+
+def _parallel_state() -> Dict[str, object]:
+    """``vllm.distributed.parallel_state``'s groups for the rank being run (torch.distributed:
+    what cannot run here), read by the release's own ``All2AllManagerBase.__init__``."""
+    from .release_modules import parallel_state_standins
+
+    def of(name):
+        return lambda *a, **k: parallel_state_standins(current.get().world,
+                                                       current.get().rank)[name](*a, **k)
+    return {n: of(n) for n in ("get_dp_group", "get_tp_group", "in_the_same_node_as")}
+
+
+def _has_moe_ep(name: str):
+    """vLLM's ``has_flashinfer_nvlink_*`` (importable FlashInfer names): whether the
+    generation's ``flashinfer.moe_ep`` binds ``name``."""
+    return lambda: name in flashinfer_api().moe_ep_names
+
+
 def _table() -> Dict[str, Dict[str, object]]:
+    import logging
+
+    from .release_modules import CommBackend, moe_ep_standins
+
     fm = "vllm.model_executor.layers.fused_moe"
     return {
         "vllm": {}, "vllm.model_executor": {}, "vllm.model_executor.layers": {}, fm: {},
@@ -221,9 +248,16 @@ def _table() -> Dict[str, Dict[str, object]]:
         "vllm.distributed.device_communicators.base_device_communicator": {
             "All2AllManagerBase": All2AllManagerBase},
         "vllm.forward_context": {"get_forward_context": get_forward_context},
-        "vllm.utils": {}, "vllm.utils.flashinfer": {"nvfp4_block_scale_interleave": _identity},
+        "vllm.distributed.parallel_state": _parallel_state(),
+        "vllm.logger": {"init_logger": logging.getLogger},
+        "vllm.utils": {}, "vllm.utils.flashinfer": {
+            "nvfp4_block_scale_interleave": _identity,
+            "has_flashinfer_nvlink_one_sided": _has_moe_ep("NVLinkOneSidedAlltoAll"),
+            "has_flashinfer_nvlink_two_sided": _has_moe_ep("NVLinkTwoSidedAlltoAll")},
         "flashinfer": {}, "flashinfer.comm": {},
         "flashinfer.comm.trtllm_alltoall": {"MnnvlMoe": MnnvlMoe},
+        "flashinfer.comm.mnnvl": {"CommBackend": CommBackend},
+        "flashinfer.moe_ep": moe_ep_standins(_launch),
     }
 
 
@@ -243,7 +277,9 @@ def _stand_in_modules(version: str) -> Dict[str, types.ModuleType]:
     for name in ("flashinfer.comm.trtllm_alltoall",):
         if name not in api(version).modules:  # gone in 0.7.4: the import fails as it would
             del table[name]
-    return build_modules(table, "vllm", version, flashinfer_names=False)
+    moe_ep = table["flashinfer.moe_ep"]  # only the names this generation binds
+    table["flashinfer.moe_ep"] = {k: v for k, v in moe_ep.items() if k in api(version).moe_ep_names}
+    return build_modules(table, "vllm", version, flashinfer_names=False, lenient=True)
 
 
 ComputeSp = Callable[..., list]

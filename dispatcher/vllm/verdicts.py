@@ -18,7 +18,7 @@ from strategies.vllm import VLLM_REGIMES, vllm_worlds
 
 from ..cross_round_verdicts import COLUMN as CROSS_ROUND, LEGEND as CROSS_ROUND_LEGEND
 from ..cross_round_verdicts import search as cross_round_search
-from ..model.generations import PINNED_RELEASES_GENERATION, using
+from ..model.generations import PINNED_RELEASES_GENERATION as PINNED, active, using
 from ..model.properties import broken_columns
 from ..model.world import World
 from .fetch import RELEASES
@@ -31,6 +31,7 @@ __all__ = ["TITLE", "default_specs", "compat_specs", "RELEASES", "REGIME_EXAMPLE
 TITLE = "vLLM FlashInfer NVLink prepare/finalize"
 REGIME_EXAMPLES = 300
 TWO_SIDED_REGIMES = ("any", "dp-only", "dp-padding")  # no SP split, needs DP metadata
+TWO_SIDED_SPECS = (RELEASES[0], "0.33.0", RELEASES[-1])  # whose two-sided file is measured
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,19 @@ def regime_verdicts(release: VLLMRelease, max_examples: int = REGIME_EXAMPLES) -
     return out
 
 
+def judged_on(release: VLLMRelease) -> str:
+    """The generation ``release`` is judged on: a pinned release's own (``fetch.JUDGED_ON``:
+    the FlashInfer whose API it calls), else the session's."""
+    from ..engines import ENGINES
+
+    return ENGINES["vllm"].judged_on(release.label) if release.label in RELEASES else \
+        active().version
+
+
 def _cross_round_cell(release: VLLMRelease, notes: List[str]) -> str:
     if not release.runs_modelled_a2a:
         return "n/a"
-    with using(PINNED_RELEASES_GENERATION):  # the only one they run on (docs/flashinfer.md)
+    with using(judged_on(release)):  # the one it runs on (docs/flashinfer.md)
         hazard = cross_round_search(release, REGIME_EXAMPLES)
     if not hazard.exposed:
         return "closed"
@@ -66,9 +76,10 @@ def _cross_round_cell(release: VLLMRelease, notes: List[str]) -> str:
 
 
 def default_specs() -> List[str]:
-    """Every pinned release, and the two-sided backend of the oldest and the newest."""
+    """Every pinned release, and the two-sided backend of the oldest, of the newest on
+    ``flashinfer.comm``'s MnnvlMoe (0.33.0) and of the newest (on moe_ep's two-sided class)."""
     return ([f"vllm:{v}" for v in RELEASES]
-            + [f"vllm:{RELEASES[0]}@two-sided", f"vllm:{RELEASES[-1]}@two-sided"])
+            + [f"vllm:{v}@two-sided" for v in TWO_SIDED_SPECS])
 
 
 def compat_specs() -> List[str]:
@@ -86,7 +97,9 @@ def tables(specs) -> str:
              "|---" * (len(VLLM_REGIMES) + 2) + "|"]
     for release in releases:
         cells = []
-        for regime, v in regime_verdicts(release).items():
+        with using(judged_on(release)):
+            verdicts = regime_verdicts(release)
+        for regime, v in verdicts.items():
             if not v.applicable:
                 cells.append("n/a")
             elif v.example is None:
@@ -96,7 +109,10 @@ def tables(specs) -> str:
                              f"{', '.join(v.columns)}; `{v.example!r}`")
                 cells.append(f"**FAIL** [{len(notes)}]")
         cells.append(_cross_round_cell(release, notes))
-        lines.append(f"| {release.spec.partition(':')[2]} | " + " | ".join(cells) + " |")
+        on = judged_on(release)
+        lines.append(f"| {release.spec.partition(':')[2]}"
+                     + (f" (on FlashInfer {on})" if on != PINNED else "") + " | "
+                     + " | ".join(cells) + " |")
     return ("\n".join(lines) + "\n\n" + CROSS_ROUND_LEGEND + "; `n/a`: the two-sided "
             "backend's kernels (`flashinfer.comm.trtllm_alltoall`) are not this A2A\n\n"
             + "\n".join(f"- {n}" for n in notes)

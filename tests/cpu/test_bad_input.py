@@ -1,5 +1,6 @@
 """Bad input gets a clear, specific error and its own exit code: never code execution, a
 silent pass, a raw traceback or a hang. Each case is what a user can type or paste."""
+import importlib.util
 import json
 import os
 import re
@@ -262,6 +263,8 @@ def test_installed_runs_keep_their_caches_beside_the_releases(monkeypatch, tmp_p
     import dispatcher
     from dispatcher import plugin, runner
 
+    if importlib.util.find_spec("dispatcher.suite") is None:  # a checkout on PYTHONPATH alone
+        pytest.skip("the gate is not installed here (pip install -e .): no installed suite")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(runner, "_REPO", tmp_path / "no-checkout")
     args = runner.suite_args()
@@ -280,7 +283,11 @@ def test_bad_vllm_targets_are_policy_errors(tmp_path, monkeypatch):
     monkeypatch.setenv(vfetch.CACHE_ENV, str(tmp_path / "vcache"))
     empty = _wheel(tmp_path / "vllm-9.9.9-cp38-abi3-linux_x86_64.whl", {"README": "x"})
     (tmp_path / "random.py").write_text("x = 1\n")
-    (tmp_path / "reads_more.py").write_text("from vllm.distributed import get_pp_group\n")
+    # vLLM's next release importing a name the gate does not model: loaded (it is simply run),
+    # and refused by name only where it is used
+    (tmp_path / "reads_more.py").write_text("from vllm.distributed import get_pp_group\n"
+                                            "class FlashInferNVLinkOneSidedPrepareAndFinalize:\n"
+                                            "    pass\n")
     checkout = tmp_path / "checkout"
     one_sided = checkout / vfetch.ONE_SIDED[0]
     one_sided.parent.mkdir(parents=True)
@@ -293,11 +300,11 @@ def test_bad_vllm_targets_are_policy_errors(tmp_path, monkeypatch):
         ("0.33.0@three-sided", "selects no backend"),
         (empty, "holds no vllm/model_executor/layers/fused_moe/prepare_finalize/flashinfer_nvlink_one_sided.py"),
         (tmp_path / "random.py", "defines neither FlashInferNVLinkOneSidedPrepareAndFinalize"),
-        (tmp_path / "reads_more.py", "no stand-in for vllm.distributed.get_pp_group"),
         (f"{checkout}@two-sided", "no vllm/model_executor/layers/fused_moe/prepare_finalize/flashinfer_nvlink_two_sided.py"),
-        ("0.x", "not a release version (e.g. vllm:0.33.0)"),
+        ("0.x", f"not a release version (e.g. vllm:{vfetch.RELEASES[-1]})"),
         (tmp_path / "missing", "no such file"),
     ]:
         with pytest.raises(PolicyError, match=str(words).replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
             load_policy(f"vllm:{target}")
     assert load_policy(f"vllm:{checkout}")[1].side == "one-sided"  # the checkout itself loads
+    assert load_policy(f"vllm:{tmp_path / 'reads_more.py'}")[1].side == "one-sided"

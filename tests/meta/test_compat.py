@@ -20,11 +20,29 @@ def test_docs_table_is_the_measured_one():
         "python -m dispatcher.compat\n" + measured)
 
 
+def test_each_release_runs_on_the_generation_it_is_judged_on():
+    from dispatcher.compat import cell
+    from dispatcher.engines import ENGINES
+
+    for engine in ENGINES.values():
+        for version in engine.releases:
+            assert cell(engine.spec(version), engine.judged_on(version)).startswith("runs"), version
+
+
 def test_the_newest_releases_fail_on_074_with_their_own_errors():
     from dispatcher.compat import cell
 
-    assert cell("vllm:0.33.0", "0.7.4") == ("TypeError: NVLinkOneSidedAlltoAll.dispatch() got an "
-                                            "unexpected keyword argument 'max_tokens_per_rank'.")
+    assert cell("vllm:0.33.0", "0.7.4") == (
+        "TypeError: NVLinkOneSidedAlltoAll.dispatch() got an unexpected keyword argument "
+        "'max_tokens_per_rank' (FlashInfer 0.7.4 does not take max_tokens_per_rank=; FlashInfer "
+        "0.7.2 does).")
+    # the next release calls 0.7.4's API: a compatibility verdict on 0.7.2, judged on 0.7.4
+    assert cell("vllm:0.34.0", "0.7.2") == (
+        "TypeError: NVLinkOneSidedAlltoAll.dispatch() got an unexpected keyword argument "
+        "'runtime_max_tokens_per_rank' (FlashInfer 0.7.2 does not take "
+        "runtime_max_tokens_per_rank=; FlashInfer 0.7.4 does).")
+    assert cell("vllm:0.34.0", "0.7.4") == "runs; cross-round closed"
+    assert cell("vllm:0.34.0@two-sided", "0.7.4") == "runs"
     assert cell("sglang:0.5.23", "0.7.4").startswith("ImportError: Flashinfer is not installed")
     assert cell("vllm:0.33.0", "0.7.2") == cell("sglang:0.5.23", "0.7.2") == \
         "runs; cross-round exposed"

@@ -1,5 +1,6 @@
-"""vLLM's own FlashInfer NVLink prepare() from the pinned releases 0.18.0-0.33.0 (files fetched
-from PyPI with ``pip download --no-deps``, verified and cached in ``.vllm/``).
+"""vLLM's own FlashInfer NVLink prepare() from the pinned releases 0.18.0-0.34.0 (files fetched
+from PyPI with ``pip download --no-deps``, verified and cached in ``.vllm/``), each on the
+FlashInfer generation whose API it calls (``fetch.JUDGED_ON``: 0.34.0 on 0.7.4).
 
 EXPECTED is the vLLM verdict table of docs/vllm.md, measured with
 ``python -m dispatcher.verdicts --engine vllm``; every cell is re-measured here on
@@ -13,9 +14,11 @@ from .. import needs_torch
 NEEDS_TORCH = needs_torch(reason="vLLM's prepare() needs torch: pip install torch==2.13.0 "
                     "(the CPU build) or pip install -e '.[sglang]'")
 from dispatcher import cross_round_verdicts as cross_round  # noqa: E402
-from dispatcher.model.generations import PINNED_RELEASES_GENERATION, using  # noqa: E402
+from dispatcher.engines import ENGINES  # noqa: E402
+from dispatcher.model.generations import using  # noqa: E402
 from dispatcher.model.world import World  # noqa: E402
-from dispatcher.vllm.verdicts import RELEASES, TWO_SIDED_REGIMES, broken_columns  # noqa: E402
+from dispatcher.vllm.verdicts import (RELEASES, TWO_SIDED_REGIMES, TWO_SIDED_SPECS,  # noqa: E402
+                                      broken_columns)
 from strategies import vllm_worlds  # noqa: E402
 from strategies.search import first_in, visited  # noqa: E402
 from strategies.vllm import VLLM_REGIMES  # noqa: E402
@@ -25,12 +28,13 @@ pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("vllm")]
 # release -> the regimes where its one-sided prepare() breaks a property (docs/vllm.md)
 EXPECTED = {
     "0.18.0": {"any", "pcp"}, "0.20.0": {"any", "pcp"}, "0.24.0": {"any", "pcp"},
-    "0.28.0": {"any", "pcp"}, "0.32.0": set(), "0.33.0": set(),
+    "0.28.0": {"any", "pcp"}, "0.32.0": set(), "0.33.0": set(), "0.34.0": set(),
 }
 # release -> its cross-round cell (docs/vllm.md): every release sizes the runtime per forward
 # from the DP chunk sizes, so FlashInfer 0.7.2's layout grows with the batch
-EXPECTED_CROSS_ROUND = {v: "exposed" for v in EXPECTED}
-TWO_SIDED = ("0.18.0", "0.33.0")  # the two-sided file of the oldest and newest pinned release
+# (0.34.0 on 0.7.4, whose layout closes it)
+EXPECTED_CROSS_ROUND = {v: "closed" if v == "0.34.0" else "exposed" for v in EXPECTED}
+TWO_SIDED = TWO_SIDED_SPECS  # the two-sided files measured (docs/vllm.md)
 EXAMPLES = 150
 # The cells that read one regime's recorded search run on one xdist worker (--dist=loadgroup),
 # which records it once.
@@ -45,6 +49,11 @@ def releases(pinned_releases):
     return pinned_releases("vllm:{}"), pinned_releases("vllm:{}@two-sided")
 
 
+def on_its_generation(version: str):
+    """The FlashInfer generation release ``version`` is judged on (the one whose API it calls)."""
+    return using(ENGINES["vllm"].judged_on(version))
+
+
 def test_the_table_covers_every_release():
     assert set(EXPECTED) == set(RELEASES) == set(EXPECTED_CROSS_ROUND)
 
@@ -54,7 +63,7 @@ def test_the_table_covers_every_release():
 def test_release_cross_round_hazard(releases, version):
     """Every one-sided cell of the cross-round column (the two-sided backend's kernels are
     not this A2A: "n/a")."""
-    with using(PINNED_RELEASES_GENERATION):
+    with on_its_generation(version):
         hit = cross_round.first_exposed(releases[0][version],
                                         visited(cross_round.ONE_FORMAT, EXAMPLES))
     assert (hit is not None) == (EXPECTED_CROSS_ROUND[version] == "exposed"), hit
@@ -67,18 +76,21 @@ def _broken(release):
 @pytest.mark.parametrize("version", RELEASES)
 @pytest.mark.parametrize("regime", ONE_SEARCH_PER_REGIME)
 def test_one_sided_release_fails_exactly_its_regimes(releases, version, regime):
-    hit = first_in(visited(vllm_worlds(regime), EXAMPLES), _broken(releases[0][version]))
+    with on_its_generation(version):
+        hit = first_in(visited(vllm_worlds(regime), EXAMPLES), _broken(releases[0][version]))
     if regime in EXPECTED[version]:
         assert hit is not None, f"{version} fails in {regime}, but no world of {EXAMPLES} shows it"
     else:
-        assert hit is None, f"{version} breaks {broken_columns(releases[0][version], hit)} on {hit!r}"
+        with on_its_generation(version):
+            assert hit is None, f"{version} breaks {broken_columns(releases[0][version], hit)} on {hit!r}"
 
 
 @pytest.mark.parametrize("version", TWO_SIDED)
 @pytest.mark.parametrize("regime", [p for p in ONE_SEARCH_PER_REGIME
                                     if p.values[0] in TWO_SIDED_REGIMES])
 def test_two_sided_release_holds_every_property(releases, version, regime):
-    hit = first_in(visited(vllm_worlds(regime), EXAMPLES), _broken(releases[1][version]))
+    with on_its_generation(version):
+        hit = first_in(visited(vllm_worlds(regime), EXAMPLES), _broken(releases[1][version]))
     assert hit is None, f"{version}@two-sided breaks something on {hit!r}"
 
 
@@ -88,14 +100,16 @@ def test_pcp_without_dp_metadata_crashes_until_0_32(releases):
     prepare()'s ``get_local_sizes()`` met ``None``: AttributeError in 0.18, an assert from
     0.20; 0.32.0 falls back to ``a1.shape[0]`` ("PCP with DP=1")."""
     for version, release in releases[0].items():
-        outs = release.step(PCP_WORLD)
-        if version in ("0.32.0", "0.33.0"):
+        with on_its_generation(version):
+            outs = release.step(PCP_WORLD)
+        if version in ("0.32.0", "0.33.0", "0.34.0"):
             assert [o.runtime for o in outs] == [1, 1], outs
             assert all(o.seen_local_sizes == "not read" for o in outs)
         else:
             assert all(o.error and o.error.startswith(("AttributeError", "AssertionError"))
                        for o in outs), outs
-            assert broken_columns(release, PCP_WORLD) == ("no crash",)
+            with on_its_generation(version):
+                assert broken_columns(release, PCP_WORLD) == ("no crash",)
 
 
 def test_sequence_parallel_sizes_come_from_the_release_and_are_post_split(releases):
@@ -103,7 +117,8 @@ def test_sequence_parallel_sizes_come_from_the_release_and_are_post_split(releas
     gives the per-rank sizes, and the runtime is their max (not max(num_tokens_across_dp),
     the analogue of SGLang #25685)."""
     world = World(ep_size=4, dp_size=2, group_tokens=(5, 9), max_num_tokens=16)
-    for release in releases[0].values():
-        outs = release.step(world)
+    for version, release in releases[0].items():
+        with on_its_generation(version):
+            outs = release.step(world)
         assert [o.seen_local_sizes for o in outs] == [[3, 3, 5, 5]] * 4
         assert [o.runtime for o in outs] == [5] * 4
