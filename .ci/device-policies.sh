@@ -6,7 +6,8 @@
 #                      AOT module (.ci/build-a2a-module.sh, then the pack step in docs/gpu.md)
 #   .sglang/ .vllm/ .flashinfer-python/   the pinned files (python -m dispatcher.<x> fetch)
 #   POLICIES="default sglang:0.5.23 lone vllm:0.33.0 vllm:0.33.0@two-sided"  (lone: a lone copy of
-#   0.5.23's flashinfer.py); RUNS=1 runs of each
+#   0.5.23's flashinfer.py), or POLICIES_072 / POLICIES_074 for one generation (the releases
+#   that call its API: vLLM 0.34.0 calls 0.7.4's); RUNS=1 runs of each
 # Writes $OUT/summary.log (one line per run: generation, policy, exit code, wall, pytest's last
 # line) and $OUT/logs.tgz (every run's whole log).
 set -uo pipefail
@@ -21,7 +22,8 @@ for g in ${GENERATIONS:-072 074}; do
   export PYTHONPATH=$site:$PWD
   python3 -c "import torch, flashinfer; print('FlashInfer', flashinfer.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/summary.log"
   python3 -c "from dispatcher.gpu.single import for_installed; for_installed()"   # the module, once
-  for p in ${POLICIES:-default sglang:0.5.23 lone vllm:0.33.0 vllm:0.33.0@two-sided}; do
+  own=POLICIES_$g
+  for p in ${!own:-${POLICIES:-default sglang:0.5.23 lone vllm:0.33.0 vllm:0.33.0@two-sided}}; do
     case $p in default) arg="" ;; lone) arg="--policy=sglang:$lone/flashinfer.py" ;; *) arg="--policy=$p" ;; esac
     for i in $(seq 1 "${RUNS:-1}"); do
       log=$R/$g-$(echo "$p" | tr ':@/' '---')-$i.log

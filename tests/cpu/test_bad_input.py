@@ -307,4 +307,5 @@ def test_bad_vllm_targets_are_policy_errors(tmp_path, monkeypatch):
         with pytest.raises(PolicyError, match=str(words).replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
             load_policy(f"vllm:{target}")
     assert load_policy(f"vllm:{checkout}")[1].side == "one-sided"  # the checkout itself loads
+    monkeypatch.delenv(vfetch.CACHE_ENV)  # a lone file: the newest release's code beside it
     assert load_policy(f"vllm:{tmp_path / 'reads_more.py'}")[1].side == "one-sided"
