@@ -6,6 +6,7 @@
                                           (--pin: write the releases' hashes into pins.json)
     a2a-gate verdicts [--engine sglang|vllm|all] [SPEC ...]           the verdict tables
     a2a-gate bisect --good REV --bad REV [--repo PATH] [--engine sglang|vllm] [-- PYTEST ARGS]
+    a2a-gate canary [--release NAME:VERSION ...]   the newest releases on the index, judged
 
 The suite runs from any directory, with the options, profiles, markers, xdist groups, exit
 codes and messages of ``pytest -n auto`` in a checkout: e.g. inside an SGLang checkout,
@@ -68,7 +69,14 @@ def _bisect(args: List[str]) -> int:
     return bisect(args)
 
 
-COMMANDS = {"replay": _replay, "fetch": _fetch, "verdicts": _verdicts, "bisect": _bisect}
+def _canary(args: List[str]) -> int:
+    from .canary import main as canary
+
+    return canary(args)
+
+
+COMMANDS = {"replay": _replay, "fetch": _fetch, "verdicts": _verdicts, "bisect": _bisect,
+            "canary": _canary}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
