@@ -3,7 +3,7 @@
 For each engine and for FlashInfer, asks the package index for the newest release. A release
 the gate pins is up to date. An engine's newer release is fetched (verified as any release is)
 and judged on the FlashInfer generation whose API it calls (the first generation on which its
-file reaches the launch, ``compat.cell``): the README's command runs with it as the policy,
+file reaches the launch, ``compat.launch_error``): the README's command runs with it as the policy,
 and the verdict is "pass" or the failing tests (each names its property or bug class). A
 FlashInfer release the gate has no generation for, or an engine release that cannot be
 fetched, loaded or run on any generation, is "not judged", with why. Prints one table; exits 1
@@ -60,16 +60,16 @@ def _first_line(text: str) -> str:
 
 def runs_on(spec: str) -> Tuple[Optional[str], str]:
     """(the first generation on which ``spec``'s file reaches the launch, else None; each
-    generation's cell, for the reason)."""
-    from .compat import cell
+    generation's error there, for the reason)."""
+    from .compat import launch_error
 
-    cells = []
+    errors = []
     for version in GENERATIONS:
-        text = cell(spec, version)
-        if text.startswith("runs"):
-            return version, text
-        cells.append(f"FlashInfer {version}: {text}")
-    return None, "; ".join(cells)
+        error = launch_error(spec, version)[1]
+        if error is None:
+            return version, "runs"
+        errors.append(f"FlashInfer {version}: {error}")
+    return None, "; ".join(errors)
 
 
 def _suite(spec: str, generation: str, pytest_args: Sequence[str]) -> Tuple[int, str]:

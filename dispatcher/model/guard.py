@@ -64,10 +64,13 @@ class CallTimeout:
     def now(self) -> float:
         return min(self.seconds, self.after_trip) if self.tripped else self.seconds
 
+    MAX_SECONDS = 86_400.0  # a day: more is no time limit (and past what the timer takes)
+
     def set(self, seconds: float) -> None:
-        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
-            raise ValueError(f"a call's time limit must be a positive number of seconds, got "
-                             f"{seconds!r}")
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds)
+                and 0 < seconds <= self.MAX_SECONDS):
+            raise ValueError(f"a call's time limit must be a positive number of seconds up to "
+                             f"{self.MAX_SECONDS:,.0f} (a day), got {seconds!r}")
         self.seconds = float(seconds)
 
 

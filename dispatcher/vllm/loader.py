@@ -1,10 +1,12 @@
 """Run vLLM's own FlashInfer NVLink ``prepare()``, unmodified, as a sizing policy.
 
 ``load_release(path)`` executes one ``flashinfer_nvlink_one_sided.py`` (or its two-sided
-sibling) of any release 0.18-0.33 or a checkout, with ``sys.modules`` patched to the
-stand-ins of ``standins.py``. The class is built by its own ``__init__`` (which initialises
-the EP group's all-to-all manager with the cap) and ``prepare()`` runs as shipped on CPU
-tensors, until the recorder stops it at FlashInfer's launch.
+sibling) of any release 0.18-0.34 or a checkout, with ``sys.modules`` patched to the
+stand-ins of ``standins.py`` and, where the tree has them, vLLM's own modules beside the file
+(``release_modules.py``: the all-to-all managers among them). The class is built by its own
+``__init__`` (which initialises the EP group's all-to-all manager with the cap) and
+``prepare()`` runs as shipped on CPU tensors, until the recorder stops it at FlashInfer's
+launch.
 
 How a world becomes vLLM's inputs (docs/vllm.md has the source lines):
 
@@ -42,18 +44,17 @@ from ..sizing import NotApplicable, RankView
 from ..companions import Companions, companion_function, resolve
 from ..engine_tensors import stand_in_rows
 from ..standins import StandIn, exec_engine_file, reentrant
-from .release_modules import MANAGER_CLASSES, CpuGroup, release_modules, runtime_patches
 from ..wheels import ReleaseError, sha256
 from . import fetch
 from .fetch import RELEASE_MODULES
-
-ALL2ALL = "vllm.distributed.device_communicators.all2all"
+from .release_modules import MANAGER_CLASSES, CpuGroup, release_modules, runtime_patches
 from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, current,
                        stand_in_modules)
 
 __all__ = ["SIDES", "Outcome", "VLLMRelease", "BoundVLLMStep", "VLLMError", "load_release",
            "release_from_spec"]
 
+ALL2ALL = "vllm.distributed.device_communicators.all2all"  # the managers' module
 SIDES = {"one-sided": "FlashInferNVLinkOneSidedPrepareAndFinalize",
          "two-sided": "FlashInferNVLinkTwoSidedPrepareAndFinalize"}
 

@@ -233,6 +233,7 @@ def test_a_local_wheel_never_stands_in_for_the_release_and_a_damaged_cache_is_no
     ([], {"A2A_GATE_POLICY_LOAD_TIMEOUT_S": "abc"}, "A2A_GATE_POLICY_LOAD_TIMEOUT_S='abc'"),
     ([], {"A2A_GATE_POLICY_LOAD_TIMEOUT_S": "nan"}, "must be a positive number of seconds"),
     (["--rule-timeout-s=0"], {}, "--rule-timeout-s: a call's time limit must be a positive"),
+    (["--rule-timeout-s=1e10"], {}, "up to 86,400 (a day), got 10000000000.0"),
 ])
 def test_bad_pytest_options_are_usage_errors(pytester, monkeypatch, args, env, words):
     """In-process (each fails in pytest_configure, before anything is loaded or run)."""

@@ -12,9 +12,10 @@ FlashInfer's ``moe_a2a_get_workspace_size_per_rank`` / aux size / metainfo / com
 """
 
 import pytest
-from hypothesis import event, example, given
+from hypothesis import event, example, given, settings
 
 from dispatcher.gpu.env import flashinfer_missing
+from dispatcher.plugin_profiles import PROFILES
 from dispatcher.model import properties
 from dispatcher.model.validation import validate
 from dispatcher.model.world import MoeConfig, World
@@ -24,7 +25,11 @@ from strategies.sequences import gpu_sequences
 
 pytestmark = pytest.mark.gpu
 # No GPU or FlashInfer here: the tier runs on the exact CPU model, in the worlds it materialises
+# and with the example count of the gpu profile at most (the CPU tiers search the same model
+# and properties with the full count: here the test bodies are what is checked)
 ON_CPU = bool(flashinfer_missing())
+on_cpu_sized = settings(max_examples=min(settings().max_examples, PROFILES["gpu"].max_examples)
+                        ) if ON_CPU else (lambda test: test)
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +55,7 @@ def _report(world, values, rt, name):
 @example(world=World(ep_size=2, dp_size=2, group_tokens=(9, 9), max_num_tokens=16,
                      moe=MoeConfig(hidden_size=128, top_k=8, num_experts=8, routing="hot_rank")))
 @example(world=World(ep_size=8, dp_size=1, group_tokens=(0,), max_num_tokens=1))
+@on_cpu_sized
 @given(world=gpu_worlds(emulated=ON_CPU))
 def test_real_round_trip(world, policy, policy_spec, single_gpu):
     world = properties.world_for(policy, world)  # an engine's own world (vLLM)
@@ -67,6 +73,7 @@ ALL_IDLE_STEP = World(ep_size=1, dp_size=1, group_tokens=(0,), max_num_tokens=1,
                       moe=MoeConfig(hidden_size=64, top_k=1, num_experts=1))
 
 
+@on_cpu_sized
 @example(seq=(ALL_IDLE_STEP, ALL_IDLE_STEP))
 @given(seq=gpu_sequences(emulated=ON_CPU))
 def test_real_rounds_back_to_back_on_one_workspace(seq, policy, policy_spec, single_gpu):
