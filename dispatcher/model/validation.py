@@ -62,19 +62,19 @@ def validate(values: Sequence[int], views: Sequence[RankView]) -> int:
     return the runtime all ranks agreed on."""
     rows = tuple(v.local_tokens for v in views)
     cap = views[0].max_num_tokens
-    distinct = sorted(set(values), key=repr)
+    distinct = sorted(set(values), key=shown)  # foreign values: shown, never repr'd raw
     if len(distinct) > 1:
         by_value = {x: [r for r, y in enumerate(values) if y == x] for x in distinct}
         raise RuntimeDisagreement(
             "EP ranks disagree on runtime_max_tokens_per_rank: "
-            + ", ".join(f"{x!r} on ranks {_ranks(rs)}" for x, rs in by_value.items())
+            + ", ".join(f"{shown(x)} on ranks {_ranks(rs)}" for x, rs in by_value.items())
             + ". Every rank must pass the same value (derive it from data all ranks share, "
               "e.g. dp_global, never from a rank's own x.shape[0] when ranks differ).")
     runtime = require_int(values[0])
     biggest = max(rows)
     if runtime < 1:
         raise NonPositiveRuntime(
-            f"runtime_max_tokens_per_rank={runtime} but FlashInfer needs >= 1 even when every "
+            f"runtime_max_tokens_per_rank={shown(runtime)} but FlashInfer needs >= 1 even when every "
             f"rank has 0 rows; use max(1, ...).")
     if runtime > cap:
         if biggest > cap:
@@ -83,13 +83,14 @@ def validate(values: Sequence[int], views: Sequence[RankView]) -> int:
                 f"sized for max_num_tokens={cap}: no valid runtime exists. Raise {CAP_ENV} to "
                 f"at least {biggest} (or lower chunked_prefill_size / max running requests).")
         raise CapExceeded(
-            f"runtime_max_tokens_per_rank={runtime} exceeds the workspace cap max_num_tokens="
-            f"{cap} although the largest payload is only {biggest} rows: the sizing rule is "
-            f"oversized ({runtime / max(1, biggest):.1f}x); fix the rule, not the cap.")
+            f"runtime_max_tokens_per_rank={shown(runtime)} exceeds the workspace cap "
+            f"max_num_tokens={cap} although the largest payload is only {biggest} rows: the "
+            f"sizing rule is oversized ({_ratio(runtime, max(1, biggest))}); fix the rule, not "
+            f"the cap.")
     short = [r for r, n in enumerate(rows) if n > runtime]
     if short:
         raise PayloadExceedsRuntime(
-            f"runtime_max_tokens_per_rank={runtime} is smaller than the payload rows "
+            f"runtime_max_tokens_per_rank={shown(runtime)} is smaller than the payload rows "
             f"(x.shape[0]) of ranks {_ranks(short)} (largest {biggest}); {_undersized_effect()} "
             f"Size from post-scatter rows: ceil(max(dp_global) / attn_tp_size).")
     return runtime
@@ -108,6 +109,14 @@ def _undersized_effect() -> str:
 def plan(policy: Policy, views: Sequence[RankView]) -> int:
     """Run ``policy`` on every rank's view and validate the result."""
     return validate([policy(v) for v in views], views)
+
+
+def _ratio(runtime: int, rows: int) -> str:
+    """``runtime / rows`` as ``12.5x``, for any int (past a float's range, in words)."""
+    try:
+        return f"{runtime / rows:.1f}x"
+    except OverflowError:
+        return f"{shown(runtime // rows)}x"
 
 
 def _ranks(rs: Sequence[int]) -> str:

@@ -59,6 +59,11 @@ WORLD = World(ep_size=4, dp_size=2, group_tokens=(6, 2), max_num_tokens=8)  # ro
     ([9, 9, 9, 9], CapExceeded, "oversized"),
     ([3.0, 3.0, 3.0, 3.0], NotAnInteger, "must be a Python int"),
     ([True] * 4, NotAnInteger, "must be a Python int"),
+    # ints past the 4,300-digit str limit and past a float's range: named, never a crash
+    ([10 ** 4000] * 4, CapExceeded, "=<an int of about 4,000 digits> exceeds the workspace cap"),
+    ([10 ** 4500] * 4, CapExceeded, "oversized (<an int of about 4,499 digits>x)"),
+    ([10 ** 4500, 3, 3, 3], RuntimeDisagreement, "<an int of about 4,500 digits> on ranks [0]"),
+    ([-10 ** 4500] * 4, NonPositiveRuntime, "=<an int of about 4,500 digits> but"),
 ])
 def test_each_bad_value_gets_its_own_error(values, error, words):
     with pytest.raises(error) as info:
