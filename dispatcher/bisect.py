@@ -267,6 +267,50 @@ def bisect(repo: Path, good: str, bad: str, engine: Optional[str], pytest_args: 
             _git(tree, "bisect", "reset", check=False)
 
 
+def _checked_options(args) -> Optional[Path]:
+    """Every option checked before any work (no worktree made, nothing fetched): the logs
+    folder made (returned), the replay line a replay command whose world parses; else a
+    ``BisectError`` naming the option."""
+    if args.replay is not None:
+        import contextlib
+        import io
+        import shlex
+
+        from .__main__ import parser as replay_parser
+        from .model.parse import BadWorld, parse_sequence, parse_world
+
+        if not _REPLAY.match(f"replay: {args.replay}"):
+            raise BisectError(f"--replay {args.replay[:200]!r}: not a replay line "
+                              f"(python -m dispatcher ...)")
+        try:
+            words = shlex.split(args.replay)[3:]
+        except ValueError as exc:
+            raise BisectError(f"--replay: not a command line ({exc})") from None
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # its usage text is not ours
+                parsed = replay_parser().parse_args(words)
+        except SystemExit:
+            raise BisectError(f"--replay {args.replay[:200]!r}: python -m dispatcher does not "
+                              f"take these arguments") from None
+        try:
+            text = parsed.world.strip()
+            (parse_sequence if text.startswith(("(", "[")) else parse_world)(text)
+        except (BadWorld, ValueError) as exc:
+            raise BisectError(f"--replay: its world does not parse ({exc})") from None
+    if not args.logs:
+        return None
+    logs = Path(args.logs).resolve()
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        probe = logs / ".a2a-gate-bisect-probe"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise BisectError(f"--logs {args.logs}: not a folder the logs can be written to "
+                          f"({exc.strerror or exc})") from None
+    return logs
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -283,9 +327,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "judged by it, without a gate run")
     args = parser.parse_args(own)  # exits 2 on bad arguments
     try:
-        logs = Path(args.logs).resolve() if args.logs else None
-        if logs is not None:
-            logs.mkdir(parents=True, exist_ok=True)
+        logs = _checked_options(args)
         print(bisect(Path(args.repo).resolve(), args.good, args.bad, args.engine, pytest_args,
                      replay=args.replay, logs=logs))
     except BisectError as exc:

@@ -267,3 +267,22 @@ def test_the_real_judge_runs_the_gate_and_keeps_its_counterexample(sglang_histor
     assert re.search(r"failing test: \S*sglang/test_engine_steps.py::test_engine_in_every_context",
                      report), report  # tests/ in a checkout, dispatcher/suite/ installed
     assert "replay: python -m dispatcher" in report and "shrunk world:" in report
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--logs", "{file}"], "--logs {file}: not a folder the logs can be written to"),
+    (["--logs", "/proc/no-such-folder/x"], "not a folder the logs can be written to"),
+    (["--replay", "python -m dispatcher --policy x \"World(ep_size=2"], "not a command line"),
+    (["--replay", "python -m dispatcher \"World(ep_size=2, dp_size=9)\""],
+     "its world does not parse"),
+    (["--replay", "python -m dispatcher --bogus x \"World()\""],
+     "python -m dispatcher does not take these arguments"),
+])
+def test_bisect_options_are_checked_before_any_work(tmp_path, capsys, extra, words):
+    """A bad --logs or --replay is a usage error (exit 2) naming the option, before any
+    worktree is made or anything fetched (--repo names no repository here)."""
+    file = tmp_path / "a-file"
+    file.write_text("")
+    args = ["--good", "a", "--bad", "b", "--repo", str(tmp_path / "nothing")]
+    assert bisect_mod.main(args + [e.format(file=file) for e in extra]) == 2
+    assert words.format(file=file) in capsys.readouterr().err
