@@ -412,6 +412,11 @@ def fetch_main(package: Package, pinned, argv) -> int:
         print(f"usage: python -m dispatcher.{package.module or package.name} fetch [--pin] "
               f"[VERSION ...]", file=sys.stderr)
         return 2
+    if pin and not (_REPO / "pyproject.toml").is_file():  # the installed gate: site-packages
+        print(f"error: --pin writes the gate's own pins ({package.pins_file}): run it in a "
+              f"checkout of the gate, never in an installed one (its pins are the release's)",
+              file=sys.stderr)
+        return 2
     try:
         for version in versions or pinned:
             print(package.fetch_release(version, widening=pin))

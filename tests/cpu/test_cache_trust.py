@@ -198,3 +198,16 @@ def test_fetch_pin_writes_a_pin_the_next_fetch_enforces(tmp_path, monkeypatch, c
         package._extract(wheel, tmp_path / "out" / "9.9.9", "test", narrow)
     package._extract(wheel, tmp_path / "out" / "9.9.9", "test", narrow, widening=True)
     assert fetch_main(package, [], ["fetch", "--pin", "-x"]) == 2
+
+
+def test_an_installed_gate_never_rewrites_its_pins(tmp_path, monkeypatch, capsys):
+    """``fetch --pin`` in an installed gate (no checkout around it) would rewrite the pins.json
+    inside site-packages: refused before anything is fetched, naming the file."""
+    from dispatcher import wheels
+    from dispatcher.wheels import fetch_main
+
+    monkeypatch.setattr(wheels, "_REPO", tmp_path / "site-packages")
+    before = Path(fetch.PACKAGE.pins_file).read_bytes()
+    assert fetch_main(fetch.PACKAGE, [], ["fetch", "--pin", "0.5.23"]) == 2
+    assert "--pin writes the gate's own pins" in capsys.readouterr().err
+    assert Path(fetch.PACKAGE.pins_file).read_bytes() == before
