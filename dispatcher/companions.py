@@ -89,12 +89,56 @@ class Unevaluated:
         return f"<default {self.source} not evaluated>"
 
 
+def _module_bindings(tree: ast.Module, name: str):
+    """Every statement of the module's own level (inside ``if``/``try``/``with``/loops too,
+    never inside a function or class body) that binds ``name``: defs, classes, assignments,
+    imports, deletions."""
+    def binds(node) -> bool:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return node.name == name
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return any((a.asname or a.name.split(".")[0]) == name for a in node.names)
+        targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                   [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For,
+                                                      ast.AsyncFor)) else
+                   [i.optional_vars for i in node.items if i.optional_vars is not None]
+                   if isinstance(node, (ast.With, ast.AsyncWith)) else [])
+        return any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t))
+
+    def walk(body):
+        for node in body:
+            if binds(node):
+                yield node
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            for field in ("body", "orelse", "finalbody"):
+                yield from walk(getattr(node, field, []) or [])
+            for handler in getattr(node, "handlers", []) or []:
+                yield from walk(handler.body)
+            for case in getattr(node, "cases", []) or []:
+                yield from walk(case.body)
+    return list(walk(tree.body))
+
+
 def companion_function(path: Path, name: str, namespace: Dict[str, object]) -> Optional[Callable]:
     """Function ``name`` of the file at ``path``, compiled alone in ``namespace`` (the
-    stand-ins answer its module-level names): annotations and decorators dropped, defaults
-    that are not literals replaced by ``Unevaluated``, so no code of the file but the
-    function's body ever runs; None if the file has none."""
-    for node in parse(path).body:
+    stand-ins answer its module-level names): annotations dropped, defaults that are not
+    literals replaced by ``Unevaluated``, so no code of the file but the function's body ever
+    runs; None if the file has none. Only where that is the object Python binds to ``name``
+    when it imports the file: a ``ReleaseError`` names the function and lines where the module
+    binds it more than once (a second ``def``, a rebinding, an import of the name) or wraps it
+    in a decorator, since the gate cannot tell which object runs and never runs the wrong one."""
+    tree = parse(path)
+    bindings = _module_bindings(tree, name)
+    decorated = [n for n in bindings if getattr(n, "decorator_list", None)]
+    if len(bindings) > 1 or decorated:
+        lines = ", ".join(str(n.lineno) for n in bindings)
+        why = (f"binds {name} {len(bindings)} times (lines {lines})" if len(bindings) > 1 else
+               f"wraps {name} in a decorator (line {decorated[0].lineno})")
+        raise ReleaseError(f"{path}: the module {why}: the gate cannot tell which object Python "
+                           f"runs as {name}(), so it refuses the file rather than run another "
+                           f"one (write {name} as one plain def)")
+    for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             node = copy.deepcopy(node)  # the parsed tree is shared (parse's cache)
             for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:

@@ -141,19 +141,43 @@ def test_the_gate_refuses_such_a_tree_before_any_test(tree):
 
 
 def test_a_companion_function_runs_nothing_of_its_file_but_its_body(tmp_path):
-    """Compiled alone: its decorators are dropped and defaults that are not literals are not
-    evaluated (either would run the file's code at load)."""
+    """Compiled alone: defaults that are not literals are not evaluated (that would run the
+    file's code at load); a decorated one is refused by name, since the decorator decides
+    which object Python binds (running the bare def could run the wrong one), and nothing of
+    the file runs either way."""
     from dispatcher.companions import Unevaluated, companion_function
+    from dispatcher.wheels import ReleaseError
 
     marker = tmp_path / "ran"
     src = tmp_path / "common.py"
-    src.write_text(
-        "def touch(*a, **k):\n"
-        f"    open({str(marker)!r}, 'a').write('x')\n"
-        "    return lambda f: f\n"
-        "@touch()\n"
-        "def require_mlp_tp_gather(server_args=touch(), flag=True):\n"
-        "    return flag\n")
+    touch = ("def touch(*a, **k):\n"
+             f"    open({str(marker)!r}, 'a').write('x')\n"
+             "    return lambda f: f\n")
+    src.write_text(touch + "def require_mlp_tp_gather(server_args=touch(), flag=True):\n"
+                           "    return flag\n")
     fn = companion_function(src, "require_mlp_tp_gather", {})
     assert not marker.exists()
     assert fn() is True and isinstance(fn.__defaults__[0], Unevaluated)
+    src.write_text(touch + "@touch()\ndef require_mlp_tp_gather(flag=True):\n    return flag\n")
+    with pytest.raises(ReleaseError, match="wraps require_mlp_tp_gather in a decorator"):
+        companion_function(src, "require_mlp_tp_gather", {})
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("how", [
+    "def require_mlp_tp_gather(server_args=None):\n    return True\n",  # a second def later
+    "def _other(server_args=None):\n    return True\nrequire_mlp_tp_gather = _other\n",
+    "from elsewhere import require_mlp_tp_gather\n",
+    "try:\n    from fast import require_mlp_tp_gather\nexcept ImportError:\n    pass\n",
+])
+def test_a_companion_python_would_resolve_to_another_object_is_refused(tmp_path, how):
+    """SGLang #27945's fix undone by a second binding of the name: Python runs the last one,
+    the gate would have compiled the first. It cannot tell which runs, so the tree is refused
+    by name (never a pass on the wrong object)."""
+    from dispatcher.companions import companion_function
+    from dispatcher.wheels import ReleaseError
+
+    src = tmp_path / "dp_attention.py"
+    src.write_text("def require_mlp_tp_gather(server_args=None):\n    return False\n\n" + how)
+    with pytest.raises(ReleaseError, match=r"binds require_mlp_tp_gather 2 times \(lines 1, "):
+        companion_function(src, "require_mlp_tp_gather", {})
