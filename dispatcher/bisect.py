@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from .engines import ENGINES
-from .procs import child_env, python_child, run_bounded
+from .procs import OutputFlood, child_env, python_child, run_bounded
 from .runner import suite_args
 
 __all__ = ["main", "bisect", "BisectError", "GateJudge", "Verdict", "PROPERTIES", "GOOD",
@@ -144,7 +144,10 @@ class GateJudge:
 def _run(cmd: List[str], env: dict, timeout: float):
     """(exit code or None past ``timeout``, output), the process and what it started killed
     at the end (``procs.run_bounded``)."""
-    code, out = run_bounded(cmd, env, timeout)
+    try:
+        code, out = run_bounded(cmd, env, timeout)
+    except OutputFlood as exc:  # no verdict at this commit, like a run past its time
+        return None, f"[bisect] {exc}\n"
     return code, out if code is not None else f"{out}\n[bisect] over {timeout:.0f} s: stopped\n"
 
 

@@ -23,7 +23,7 @@ from typing import Tuple
 
 from .engines import ENGINES, engine_of_spec
 from .mutants import MUTANTS
-from .procs import DROP_CWD, child_env, run_bounded
+from .procs import DROP_CWD, OutputFlood, child_env, run_bounded
 from .sizing import KNOWN_BAD_RULES, Policy, ideal_rule
 
 __all__ = ["DEFAULT_POLICY", "NAMED", "PolicyError", "load_policy", "probe_policy", "engine_spec",
@@ -130,7 +130,24 @@ def _runs_foreign_code(spec: str) -> bool:
     """Whether ``spec`` executes code that is not the gate's own (a user module, an engine
     file); the gate's named rules and modules need no probe."""
     module = spec.partition(":")[0]
-    return spec not in NAMED and (module in ENGINES or not module.startswith("dispatcher"))
+    return spec not in NAMED and (module in ENGINES or not _gate_module(module))
+
+
+def _gate_module(module: str) -> bool:
+    """Whether ``module`` is the gate's own: its package or a module inside it, found where
+    this package is (a user's ``dispatcher_local`` or ``dispatcher2`` is not, whatever its
+    name starts with); nothing is imported to tell."""
+    import importlib.util
+
+    if module != __package__ and not module.startswith(__package__ + "."):
+        return False
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    here = os.path.dirname(os.path.abspath(__file__))
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    return bool(origin) and os.path.abspath(origin).startswith(here + os.sep)
 
 
 def probe_policy(spec: str, timeout_s: float = None) -> None:
@@ -139,7 +156,10 @@ def probe_policy(spec: str, timeout_s: float = None) -> None:
     if not _runs_foreign_code(spec):
         return
     timeout_s = load_timeout_s() if timeout_s is None else timeout_s
-    code, text = run_bounded([sys.executable, "-c", _PROBE, spec], child_env(spec), timeout_s)
+    try:
+        code, text = run_bounded([sys.executable, "-c", _PROBE, spec], child_env(spec), timeout_s)
+    except OutputFlood as exc:
+        raise PolicyError(f"--policy {spec}: loading it flooded the output: {exc}") from None
     out = text.splitlines()
     if code is None and _LOADED not in out:
         raise PolicyError(f"--policy {spec}: loading it did not finish within {timeout_s:.0f} s "

@@ -10,7 +10,8 @@ import signal
 import sys
 
 __all__ = ["DROP_CWD", "die_with_parent", "raise_on_sigterm", "python_child", "child_env", "SOURCE_ROOT",
-           "run_bounded", "kill_group", "keep_cwd_off_children_paths"]
+           "run_bounded", "OutputFlood", "MAX_OUTPUT_BYTES", "kill_group",
+           "keep_cwd_off_children_paths"]
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds dispatcher/
 # ``python -c`` puts the current directory first on sys.path, as '' (not under PYTHONSAFEPATH):
@@ -86,23 +87,44 @@ def kill_group(proc) -> None:
     proc.wait()
 
 
-def run_bounded(cmd, env=None, timeout: float = None, limit: int = 1 << 20, cwd=None):
+class OutputFlood(RuntimeError):
+    """A child printed more than ``run_bounded``'s byte budget: it was killed at once."""
+
+
+MAX_OUTPUT_BYTES = 64 << 20  # what a child may print before it is stopped as a flood
+
+
+def run_bounded(cmd, env=None, timeout: float = None, limit: int = 1 << 20, cwd=None,
+                max_bytes: int = None):
     """Run ``cmd`` in a session of its own, dying with this process: ``(exit code, or None when
     it ran over ``timeout``; what it printed, stdout and stderr together, at most ``limit``
     characters from the end)``. Its output goes to a file, not a pipe, so a grandchild it
     left holding the output open cannot keep this waiting; whatever it started is killed
-    when it ends."""
+    when it ends. A child that prints more than ``max_bytes`` is killed at once and
+    ``OutputFlood`` raised (the file would fill the disk for the whole timeout otherwise;
+    default ``MAX_OUTPUT_BYTES``)."""
     import subprocess
     import tempfile
+    import time
 
+    max_bytes = MAX_OUTPUT_BYTES if max_bytes is None else max_bytes
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=die_with_parent)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            code = None
+            while True:
+                try:
+                    code = proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    if os.fstat(out.fileno()).st_size > max_bytes:
+                        raise OutputFlood(f"it printed more than {max_bytes >> 20} MiB and was "
+                                          f"stopped") from None
+                    if deadline is not None and time.monotonic() > deadline:
+                        code = None
+                        break
         finally:
             kill_group(proc)
         size = out.seek(0, 2)

@@ -86,6 +86,14 @@ def test_a_module_that_exits_or_hangs_is_a_usage_error(pytester, hostile, name):
     _assert_usage_error(pytester, f"hostile_{name}:rule", WORDS[name])
 
 
+def test_a_users_module_named_like_the_gate_is_still_probed(pytester, hostile):
+    """The gate's own modules are known by where they are, not by a name prefix: a user's
+    ``dispatcher_local`` that exits at import gets the probe like any module of theirs (it
+    was taken for the gate's own: no probe, exit 0 with no output)."""
+    (hostile / "dispatcher_local.py").write_text(MODULES["exits"] + "def rule(view):\n    return 1\n")
+    _assert_usage_error(pytester, "dispatcher_local:rule", WORDS["exits"])
+
+
 @pytest.mark.parametrize("name", list(MODULES))
 def test_the_replay_command_reports_it_as_bad_input(hostile, name):
     done = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", f"hostile_{name}:rule",
@@ -318,6 +326,22 @@ def test_a_module_that_starts_a_child_at_import_loads_and_its_child_goes(hostile
         time.sleep(0.1)
     else:
         pytest.fail(f"the child {pid} the module started outlived the probe")
+
+
+def test_a_module_that_prints_without_end_at_import_is_stopped_at_once(hostile, monkeypatch):
+    """The probe keeps what the module prints in a file: past the byte budget the module is
+    killed and the load refused by name, long before its timeout (it filled 0.5-0.8 GB/s)."""
+    import time
+
+    from dispatcher import procs
+    from dispatcher.policies import PolicyError, probe_policy
+
+    (hostile / "floods.py").write_text("while True:\n    print('x' * 65536)\n")
+    monkeypatch.setattr(procs, "MAX_OUTPUT_BYTES", 4 << 20)
+    t0 = time.monotonic()
+    with pytest.raises(PolicyError, match="flooded the output: it printed more than 4 MiB"):
+        probe_policy("floods:rule", timeout_s=60)
+    assert time.monotonic() - t0 < 30
 
 
 def test_the_verdicts_command_loads_a_file_in_a_child_first(tmp_path):
