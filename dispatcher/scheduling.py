@@ -3,7 +3,9 @@ with the groups that share a costly resource pinned to a worker known before the
 (``dispatcher.gpu.warm.pinned_worker``), so that worker starts the resource in the background
 right after it collected, while the others start; no worker takes a group pinned to another,
 and one that has nothing left it may take is told so at once (an xdist worker holds its last
-test until it learns no more work is coming)."""
+test until it learns no more work is coming). A worker that crashed fails the test it was
+running (xdist's report) and its other work goes to a worker that is up; one started in its
+place gets work once it has collected."""
 from __future__ import annotations
 
 from xdist.scheduler import LoadGroupScheduling
@@ -35,6 +37,23 @@ class PinnedGroupScheduling(LoadGroupScheduling):
                 free = scope
         return free
 
+    def remove_node(self, node):
+        """A worker gone: at shutdown, nothing; after a crash, the test it was running
+        (returned: xdist reports it failed, "worker crashed while running ...") is done, and
+        the rest of its work goes back to the queue for a worker that is up (loadscope would
+        run the crashing test again on every replacement, until the restarts run out)."""
+        workload = self.assigned_work.pop(node, {})
+        pending = [(scope, nodeid) for scope, unit in workload.items()
+                   for nodeid, done in unit.items() if not done]
+        if not pending:
+            return None
+        scope, crashitem = pending[0]  # a worker runs its units in order
+        workload[scope][crashitem] = True
+        self.workqueue.update({s: u for s, u in workload.items() if not all(u.values())})
+        for other in list(self.assigned_work):
+            self._reschedule(other)
+        return crashitem
+
     def _assign_work_unit(self, node) -> None:
         scope = self._next_scope(node)
         if scope is None:
@@ -46,8 +65,8 @@ class PinnedGroupScheduling(LoadGroupScheduling):
                                 if not done])
 
     def _reschedule(self, node) -> None:
-        if node.shutting_down:
-            return
+        if node.shutting_down or node not in self.registered_collections:
+            return  # a worker started in a crashed one's place has not collected yet
         if self._next_scope(node) is None:  # nothing more will come: it runs what it holds
             node.shutdown()                 # (a worker keeps its last test until told so)
             return
@@ -73,6 +92,7 @@ class PinnedGroupScheduling(LoadGroupScheduling):
         for scope, nodeids in sorted(units.items(), key=lambda item: -len(item[1])):
             self.workqueue[scope] = nodeids  # the largest units first, as loadgroup does
         for node in self.nodes:
-            self._assign_work_unit(node)
+            if node in self.registered_collections:
+                self._assign_work_unit(node)
         for node in self.nodes:
             self._reschedule(node)  # a second unit each where there is one, else shutdown

@@ -65,3 +65,35 @@ def test_hypothesis_is_imported_plain_and_the_tests_rewritten():
 
     assert isinstance(__loader__, AssertionRewritingHook)  # noqa: F821 - this module's loader
     assert not isinstance(hypothesis.core.__loader__, AssertionRewritingHook)
+
+
+CRASHES = '''
+import os
+import pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_free(i):
+    pass
+
+@pytest.mark.xdist_group("search-0")
+def test_crashes_its_worker():
+    os.abort()
+
+@pytest.mark.xdist_group("search-0")
+def test_after_the_crash(i=0):
+    pass
+'''
+
+
+def test_a_crashed_worker_fails_its_test_and_the_run_goes_on(pytester):
+    """A worker that dies in a test (a segfault in the call) fails that test with xdist's
+    "worker crashed" report; the scheduler gives its other work to a worker that is up, and
+    the run ends with exit 1, never an INTERNALERROR of the scheduler."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_crash=CRASHES)
+    result = pytester.runpytest_subprocess("-n", "2", "--dist=loadgroup", "-p", "no:cacheprovider",
+                                           timeout=120)
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == 1 and "INTERNALERROR" not in text, text[-3000:]
+    assert re.search(r"crashed while running .*test_crashes_its_worker", text), text[-3000:]
+    result.assert_outcomes(passed=7, failed=1)
