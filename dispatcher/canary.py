@@ -156,6 +156,9 @@ def main(argv=None) -> int:
     ap.add_argument("--release", action="append", metavar="NAME:VERSION",
                     help="judge this release instead of asking the index (repeatable)")
     args = ap.parse_args(argv)
+    from .runner import keep_hypothesis_home
+
+    keep_hypothesis_home()  # never a .hypothesis/ in the folder it is run from
     try:
         rows = canary(args.release)
     except (ReleaseError, OSError, subprocess.SubprocessError) as exc:

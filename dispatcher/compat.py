@@ -98,6 +98,9 @@ def markdown(rows: Dict[str, Tuple[str, ...]]) -> str:
 def main(argv=None) -> int:
     argparse.ArgumentParser(prog="python -m dispatcher.compat",
                             description=__doc__.split("\n\n")[0]).parse_args(argv)
+    from .runner import keep_hypothesis_home
+
+    keep_hypothesis_home()  # never a .hypothesis/ in the folder it is run from
     try:
         print(markdown(table()))
     except ReleaseError as exc:

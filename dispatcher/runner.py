@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
-__all__ = ["suite_args", "INI_ARGS"]
+__all__ = ["suite_args", "INI_ARGS", "hypothesis_home", "keep_hypothesis_home"]
 
 _REPO = Path(__file__).resolve().parents[1]
 # The pytest settings the suite runs with: pyproject.toml's [tool.pytest.ini_options] in a
@@ -53,3 +53,21 @@ def suite_args(parts: Tuple[str, ...] = (), args: Sequence[str] = ()) -> List[st
     named = [a for a in args if not a.startswith("-") and (suite / a.split("::")[0]).exists()]
     rest = [a for a in args if a not in named]
     return settings + [str(suite / p) for p in (*parts, *named) or (".",)] + rest
+
+
+def hypothesis_home() -> Path:
+    """Where Hypothesis keeps its files for the gate's own commands (the verdict, compat and
+    canary tables, the replay, bisect): a checkout's ``.hypothesis/``, else beside the release
+    caches; never the folder a command is run from (an engine's checkout)."""
+    if (_REPO / "pyproject.toml").is_file():
+        return _REPO / ".hypothesis"
+    from .wheels import user_cache
+
+    return user_cache() / "hypothesis-home"
+
+
+def keep_hypothesis_home() -> None:
+    """Point Hypothesis's home at ``hypothesis_home()`` (before a command's first search)."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(str(hypothesis_home()))

@@ -22,6 +22,9 @@ def main(argv=None) -> int:
                         help="one engine's tables, or all (both: the same as all)")
     parser.add_argument("specs", nargs="*", metavar="SPEC")
     args = parser.parse_args(argv)
+    from .runner import keep_hypothesis_home
+
+    keep_hypothesis_home()  # never a .hypothesis/ in the folder it is run from
     chosen = list(ENGINES.values()) if args.engine in ("all", "both") else [ENGINES[args.engine]]
     left_out = [s for s in args.specs if _engine(s) not in chosen]
     if left_out:

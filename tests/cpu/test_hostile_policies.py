@@ -350,3 +350,16 @@ def test_the_verdicts_command_loads_a_file_in_a_child_first(tmp_path):
     done = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", f"sglang:{engine}"],
                           capture_output=True, text=True, timeout=120, cwd=SOURCE)
     assert done.returncode == 2 and "ended the process" in done.stderr, done.stdout + done.stderr
+
+
+def test_the_gates_commands_write_nothing_into_the_folder_they_run_from(tmp_path):
+    """``a2a-gate verdicts`` (and compat, canary) run from an engine's checkout keep
+    Hypothesis's files beside the gate's, never a ``.hypothesis/`` in that checkout."""
+    env = dict(os.environ, PYTHONPATH=str(SOURCE))
+    done = subprocess.run([sys.executable, "-c", "from dispatcher.runner import keep_hypothesis_home\n"
+                           "keep_hypothesis_home()\n"
+                           "from strategies.search import minimal\nfrom strategies import worlds\n"
+                           "minimal(worlds(), lambda w: w.ep_size > 2, 50)\n"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not (tmp_path / ".hypothesis").exists()
