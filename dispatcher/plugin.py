@@ -131,7 +131,7 @@ def pytest_configure(config):
         CALL_TIMEOUT.set(config.getoption("--rule-timeout-s"))
     except ValueError as exc:
         raise pytest.UsageError(f"--rule-timeout-s: {exc}") from None
-    _choose_generation(config.getoption("--flashinfer"))
+    _choose_generation(config.getoption("--flashinfer"), config.getoption("--policy"))
     if config.getoption("--newest-companions"):
         from dispatcher.companions import NEWEST_ENV
         os.environ[NEWEST_ENV] = "1"  # workers and rank processes inherit it
@@ -225,10 +225,24 @@ def pytest_runtestloop(session):
         probe.verdict()
 
 
-def _choose_generation(asked) -> None:
+def _judged_on(spec: str):
+    """The generation a pinned engine release named by version in ``spec`` is judged on
+    (``Engine.judged_on``: the one whose API it calls), else None."""
+    from dispatcher.engines import engine_of_spec
+
+    engine = engine_of_spec(spec)
+    version = spec.partition(":")[2].partition("@")[0]
+    if engine is None or version not in engine.releases:
+        return None
+    return engine.judged_on(version)
+
+
+def _choose_generation(asked, spec: str = DEFAULT_POLICY) -> None:
     """Set the session's FlashInfer generation (``$A2A_GATE_FLASHINFER``, which xdist workers
     and rank processes inherit). The installed FlashInfer is what the GPU tiers run: asking
-    for another generation beside it is a usage error, never a silent mix."""
+    for another generation beside it is a usage error, never a silent mix. With no FlashInfer
+    installed and none asked for, a pinned engine release runs on the generation whose API it
+    calls (``--policy=vllm:0.34.0``: 0.7.4)."""
     from dispatcher.model import generations
 
     installed = generations.installed_version()
@@ -241,7 +255,8 @@ def _choose_generation(asked) -> None:
     inherited = os.environ.get(generations.ENV) if asked is None else None
     for where, value in ((f"--flashinfer={asked}", asked),
                          (f"${generations.ENV}={inherited}", inherited),
-                         (f"the installed FlashInfer {installed}", installed)):
+                         (f"the installed FlashInfer {installed}", installed),
+                         (f"the generation {spec} calls", _judged_on(spec))):
         if value:
             try:
                 chosen = generations.generation_of(value)

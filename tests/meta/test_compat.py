@@ -47,3 +47,13 @@ def test_the_newest_releases_fail_on_074_with_their_own_errors():
     assert cell("vllm:0.33.0", "0.7.2") == cell("sglang:0.5.23", "0.7.2") == \
         "runs; cross-round exposed"
     assert cell("vllm:0.33.0@two-sided", "0.7.2") == "runs"  # other kernels: no such layout
+
+
+def test_a_pinned_release_runs_on_its_generation_where_none_is_installed_or_asked():
+    """``pytest -n auto --policy=vllm:0.34.0`` on a machine without FlashInfer models 0.7.4,
+    the generation 0.34.0 calls (an installed FlashInfer or --flashinfer still decides)."""
+    from dispatcher.plugin import _judged_on
+
+    assert _judged_on("vllm:0.34.0") == _judged_on("vllm:0.34.0@two-sided") == "0.7.4"
+    assert _judged_on("vllm:0.33.0") == _judged_on("sglang:0.5.23") == "0.7.2"
+    assert _judged_on("prefix_rule") is _judged_on("vllm:/some/checkout") is None
