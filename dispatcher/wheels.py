@@ -412,7 +412,9 @@ def fetch_main(package: Package, pinned, argv) -> int:
         print(f"usage: python -m dispatcher.{package.module or package.name} fetch [--pin] "
               f"[VERSION ...]", file=sys.stderr)
         return 2
-    if pin and not (_REPO / "pyproject.toml").is_file():  # the installed gate: site-packages
+    own = package.pins_file is not None and Path(package.pins_file).resolve().is_relative_to(
+        Path(__file__).resolve().parent)  # the gate's own pins, beside this module
+    if pin and own and not (_REPO / "pyproject.toml").is_file():  # installed: site-packages
         print(f"error: --pin writes the gate's own pins ({package.pins_file}): run it in a "
               f"checkout of the gate, never in an installed one (its pins are the release's)",
               file=sys.stderr)

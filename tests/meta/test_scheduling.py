@@ -77,7 +77,7 @@ def test_free(i):
 
 @pytest.mark.xdist_group("search-0")
 def test_crashes_its_worker():
-    os.abort()
+    os._exit(13)  # the worker process dies in the call (no core dump to wait for)
 
 @pytest.mark.xdist_group("search-0")
 def test_after_the_crash(i=0):
@@ -92,7 +92,7 @@ def test_a_crashed_worker_fails_its_test_and_the_run_goes_on(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_crash=CRASHES)
     result = pytester.runpytest_subprocess("-n", "2", "--dist=loadgroup", "-p", "no:cacheprovider",
-                                           timeout=120)
+                                           "--max-worker-restart=2", timeout=120)
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == 1 and "INTERNALERROR" not in text, text[-3000:]
     assert re.search(r"crashed while running .*test_crashes_its_worker", text), text[-3000:]
