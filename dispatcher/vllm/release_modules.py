@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Dict, Optional
 from unittest import mock
 
-from ..standins import (Launched, StandIn, Unmodelled, UnmodelledCode,  # noqa: F401
+from ..standins import (Launched, Unmodelled, UnmodelledCode,  # noqa: F401
                         UnmodelledModule, flashinfer_api)
 from ..wheels import ReleaseError
 from .fetch import RELEASE_MODULES
@@ -268,6 +268,3 @@ def release_modules(root: Path, module_prefix: str, sandbox_modules: Dict[str, t
         loaded[name] = module
     return ReleaseModules(loaded, tuple(missing))
 
-
-def is_standin(module) -> bool:
-    return isinstance(module, (StandIn, UnmodelledModule))
