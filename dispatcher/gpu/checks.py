@@ -21,7 +21,8 @@ from ..emulator.inputs import reference_outputs
 from ..model.world import World
 
 __all__ = ["RTOL", "ATOL", "poisoned_rows", "stale_rows_ok", "rank_problems", "world_problems",
-           "GUARD", "GUARD_BYTE", "GpuRoundTrip", "CudaContextDead", "verdict"]
+           "GUARD", "GUARD_BYTE", "GpuRoundTrip", "CudaContextDead", "verdict", "ranks_refused",
+           "refusal"]
 
 # bf16 tolerance: both sides round each expert row to bf16 once and sum exactly in fp32, so a
 # correct A2A matches the reference bit for bit; allow half a bf16 ulp of the largest value.
@@ -86,6 +87,19 @@ def world_problems(stale_ok: Sequence[bool], runtimes: Sequence[int], counts: np
     return [p for r in range(len(outputs))
             for p in rank_problems(r, bool(stale_ok[r]), runtimes[r], counts[r],
                                    expected_counts[r], outputs[r], references[r])]
+
+
+def ranks_refused(world: World, runtimes: Sequence[int]) -> List[int]:
+    """The ranks a generation that checks a rank's own rows refuses before any launch: a
+    runtime outside ``(0, cap]`` or below the rank's own rows (``world.generation``'s op)."""
+    return [r for r in range(world.ep_size) if not 0 < runtimes[r] <= world.max_num_tokens
+            or world.rows_per_rank[r] > runtimes[r]]
+
+
+def refusal(world: World, rank: int, runtime: int, why: str) -> str:
+    """One refused rank in words, as both drivers of the single-GPU tier report it."""
+    return (f"{world.generation} refused rank {rank} ({world.rows_per_rank[rank]} rows, runtime "
+            f"{runtime}): {why}; no peer was launched (it would wait timeout_sec and trap)")
 
 
 GUARD = 4096

@@ -29,6 +29,7 @@ from ..emulator.a2a import POISON
 from ..model import one_sided as w074
 from ..model.world import World
 from . import torch_ops
+from .checks import ranks_refused, refusal
 
 __all__ = ["Ops", "RawA2A", "TIMEOUT_S", "module", "metainfo_index", "flashinfer_layout",
            "byte_model", "aligned16", "pool_example", "pool_round", "pool_key"]
@@ -178,18 +179,14 @@ class Ops:
     def refused(self, world: World, runtimes, space: Space, dev) -> List[str]:
         """Call FlashInfer first on every rank it would refuse (it raises before launching);
         returns the refusals, or [] when every rank's call is acceptable."""
-        moe, W = world.moe, world.ep_size
-        suspects = [r for r in range(W) if not 0 < runtimes[r] <= world.max_num_tokens
-                    or world.rows_per_rank[r] > runtimes[r]]
+        moe = world.moe
         found = []
-        for r in suspects:
+        for r in ranks_refused(world, runtimes):
             ids, payloads = torch_ops.rank_inputs(dev, r, moe.payloads)
             try:
                 self._dispatch(r, world, runtimes[r], space, ids, payloads)
             except Exception as exc:  # noqa: BLE001 - TVM-FFI raises its own error types
-                found.append(f"{world.generation} refused rank {r} ({world.rows_per_rank[r]} "
-                             f"rows, runtime {runtimes[r]}): {str(exc).splitlines()[-1][:200]}; "
-                             f"no peer was launched (it would wait timeout_sec and trap)")
+                found.append(refusal(world, r, runtimes[r], str(exc).splitlines()[-1][:200]))
                 continue
             raise AssertionError(f"{world.generation} launched rank {r} with "
                                  f"{world.rows_per_rank[r]} rows and runtime {runtimes[r]}: the "

@@ -16,10 +16,10 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-from ..emulator.a2a import IllegalAddress, RankRefused
+from ..emulator.a2a import IllegalAddress
 from ..emulator.rounds import round_trip, rounds_in_order
 from ..model.world import World
-from .checks import GpuRoundTrip, world_problems
+from .checks import GpuRoundTrip, ranks_refused, refusal, world_problems
 from .sequence import check_rounds, round_problems
 
 __all__ = ["EmulatedSingleA2A"]
@@ -37,23 +37,16 @@ class EmulatedSingleA2A:
         """Dispatch -> stand-in MoE -> combine with ``runtimes[r]`` on rank ``r`` (no validation
         here: the caller decides; what FlashInfer checks still applies)."""
         runtimes = list(runtimes)
-        gen = world.generation
-        if gen.checks_local_rows:  # the op refuses before any launch, each refused rank alone
-            rows = world.rows_per_rank
-            refused = [r for r in range(world.ep_size)
-                       if not 0 < runtimes[r] <= world.max_num_tokens or rows[r] > runtimes[r]]
+        if world.generation.checks_local_rows:  # refused before any launch, rank by rank
+            refused = ranks_refused(world, runtimes)
             if refused:
-                return GpuRoundTrip(tuple(
-                    f"{gen} refused rank {r} ({rows[r]} rows, runtime {runtimes[r]}): Local "
-                    f"token count exceeds the runtime capacity; no peer was launched (it would "
-                    f"wait timeout_sec and trap)" for r in refused), {})
+                return GpuRoundTrip(tuple(refusal(world, r, runtimes[r], "Local token count "
+                                                  "exceeds the runtime capacity") for r in refused), {})
         try:
             rt = round_trip(world, runtimes)
         except IllegalAddress as exc:  # on a GPU: our guard bytes, or an illegal-address fault
             return GpuRoundTrip((f"guard bytes after a rank's workspace were overwritten "
                                  f"(exact model: {exc})",), {})
-        except RankRefused as exc:  # pragma: no cover - the refusal above comes first
-            return GpuRoundTrip((str(exc),), {})
         W = world.ep_size
         stray = {e.target_rank for e in rt.events if e.phase == "dispatch"}
         stale_ok = [r not in stray for r in range(W)]
