@@ -19,6 +19,7 @@ from strategies.search import minimal
 from strategies.sequences import step_sequences
 
 from .model import properties
+from .model.engine import is_engine
 from .model.generations import active
 from .model.sequences import exposes_cross_round, round_pairs
 from .model.world import World
@@ -42,7 +43,7 @@ LEGEND = ("`cross-round`: FlashInfer 0.7.2's cross-round race (a hazard of the s
 def engine_worlds(policy):
     """The world the policy's engine runs for each drawn step, on the sequence's workspace
     (the cap stays: one allocation)."""
-    if not isinstance(policy, properties.EnginePolicy):
+    if not is_engine(policy):
         return lambda world: world
     return lambda world: policy.engine_world(world, keep_cap=True)  # NotApplicable: no round
 

@@ -145,7 +145,19 @@ def pytest_configure(config):
             config.stash[_DESCRIBED] = describe_policy(spec)  # finds it, runs none of it
         except PolicyError as exc:
             raise pytest.UsageError(str(exc)) from None
-        config.stash[_PROBE] = _Probe(spec)
+        config.stash[_PROBE] = _Probe(spec, runs_tests=not _has_workers(config))
+    elif _OPEN_CONFIGS[:1] == [config]:  # an xdist worker: its policy process loads meanwhile
+        from dispatcher.supervised import prestart
+
+        try:
+            prestart(config.getoption("--policy"))
+        except OSError:
+            pass  # started again (and its error shown) at the first test that needs it
+
+
+def _has_workers(config) -> bool:
+    """Whether this run hands its tests to xdist workers (``-n N``, N > 0)."""
+    return bool(getattr(config.option, "numprocesses", None))
 
 
 def _preload_for_engine(config) -> None:
@@ -156,7 +168,7 @@ def _preload_for_engine(config) -> None:
 
     if engine_of_spec(config.getoption("--policy")) is None or _OPEN_CONFIGS[:1] != [config]:
         return
-    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+    if not hasattr(config, "workerinput") and _has_workers(config):
         return  # the controller of workers runs no test
     import importlib.util
     import threading
@@ -192,14 +204,26 @@ _PROBE = pytest.StashKey["_Probe"]()
 
 
 class _Probe:
-    """The policy loaded once in a child process (``policies.probe_policy``: a module that exits
-    the process or never finishes loading is a usage error), in the background while pytest
-    collects; ``verdict()`` waits for it. No process of this run runs the policy before."""
+    """The policy loaded once in a child process (a module that exits the process or never
+    finishes loading is a usage error), in the background while pytest collects; ``verdict()``
+    waits for it. Where this process runs the tests (no xdist workers), that child is the
+    supervised process the tests then call (``supervised.prestart``); else a probe of its own
+    (``policies.probe_policy``). No process of this run runs the policy before."""
 
-    def __init__(self, spec: str):
+    def __init__(self, spec: str, runs_tests: bool):
+        self.error = None
+        self._policy = None
+        if runs_tests:
+            from dispatcher.supervised import prestart
+
+            try:
+                self._policy = prestart(spec)
+            except OSError as exc:
+                self.error = f"--policy {spec}: its process could not start: {exc}"
+            self._thread = None
+            return
         import threading
 
-        self.error = None
         self._thread = threading.Thread(target=self._run, args=(spec,), daemon=True,
                                         name="a2a-gate-policy-probe")
         self._thread.start()
@@ -211,7 +235,13 @@ class _Probe:
             self.error = str(exc)
 
     def verdict(self) -> None:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
+        elif self._policy is not None and not self.error:
+            try:
+                self._policy._child.await_ready()
+            except PolicyError as exc:
+                self.error = str(exc)
         if self.error:
             raise pytest.UsageError(self.error)
 

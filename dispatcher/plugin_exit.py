@@ -74,6 +74,8 @@ def _end_with(status: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if "dispatcher.supervised" in sys.modules:  # the policy's processes go first
+        sys.modules["dispatcher.supervised"].stop_all()
     if "multiprocessing" in sys.modules:
         try:
             from multiprocessing import util

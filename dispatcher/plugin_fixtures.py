@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dispatcher.policies import PolicyError, engine_spec, load_policy
+from dispatcher.supervised import load_supervised
 
 __all__ = ["policy_spec", "policy", "load_release", "Releases", "pinned_releases",
            "engine_under_test"]
@@ -18,8 +19,9 @@ def policy_spec(request):
 
 @pytest.fixture(scope="session")
 def policy(policy_spec):
-    """The policy under test: a rule ``(RankView) -> int`` or an SGLang release."""
-    return load_policy(policy_spec)[1]
+    """The policy under test: a rule ``(RankView) -> int`` or an engine's file, run in a
+    supervised process where it is code the user named (``dispatcher.supervised``)."""
+    return load_supervised(policy_spec)
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +96,6 @@ def engine_under_test(policy_spec, load_release):
     def get(engine: str):
         spec = engine_spec(policy_spec, engine)
         if spec == policy_spec:
-            return spec, load_policy(spec)[1]
+            return spec, load_supervised(spec)
         return spec, load_release(spec)
     return get

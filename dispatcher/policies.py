@@ -27,6 +27,7 @@ from .procs import DROP_CWD, OutputFlood, child_env, run_bounded
 from .sizing import KNOWN_BAD_RULES, Policy, ideal_rule
 
 __all__ = ["DEFAULT_POLICY", "NAMED", "PolicyError", "load_policy", "probe_policy", "engine_spec",
+           "runs_foreign_code",
            "describe_policy", "foreign_code_loaded",
            "PROBE_TIMEOUT_S", "load_timeout_s", "LOAD_TIMEOUT_ENV"]
 
@@ -50,7 +51,7 @@ def foreign_code_loaded() -> bool:
 
 def load_policy(spec: str) -> Tuple[str, Policy]:
     """Return ``(spec, policy)``; raise ``PolicyError`` with the reason on a bad spec."""
-    if _runs_foreign_code(spec) and not _FOREIGN_LOADED:
+    if runs_foreign_code(spec) and not _FOREIGN_LOADED:
         _FOREIGN_LOADED.append(spec)
     engine = engine_of_spec(spec)
     if engine is not None:
@@ -126,7 +127,7 @@ print({_LOADED!r}, flush=True)
 """
 
 
-def _runs_foreign_code(spec: str) -> bool:
+def runs_foreign_code(spec: str) -> bool:
     """Whether ``spec`` executes code that is not the gate's own (a user module, an engine
     file); the gate's named rules and modules need no probe."""
     module = spec.partition(":")[0]
@@ -153,7 +154,7 @@ def _gate_module(module: str) -> bool:
 def probe_policy(spec: str, timeout_s: float = None) -> None:
     """Load ``spec`` once in a child process first: a module or engine file that exits the
     process, never finishes loading or cannot be loaded is a ``PolicyError`` saying which."""
-    if not _runs_foreign_code(spec):
+    if not runs_foreign_code(spec):
         return
     timeout_s = load_timeout_s() if timeout_s is None else timeout_s
     try:

@@ -20,10 +20,11 @@ import traceback
 from .emulator.rounds import round_trip
 from .model import properties
 from .model.parse import BadWorld, parse_context, parse_sequence, parse_world
-from .model.engine import EnginePolicy
+from .model.engine import is_engine
 from .model.sglang_context import SGLangContext
 from .model.validation import A2ASizingError, validate
-from .policies import PolicyError, load_policy
+from .policies import PolicyError
+from .supervised import PolicyProcessLost, load_supervised
 from .sizing import NotApplicable
 
 OK, VIOLATED, BAD_INPUT, INTERNAL = 0, 1, 2, 3
@@ -43,9 +44,9 @@ def replay(world_text: str, spec: str, context_text: str = "") -> int:
     try:
         world = parse_world(world_text)
         ctx = parse_context(context_text) if context_text else SGLangContext()
-        name, policy = load_policy(spec)
+        name, policy = spec, load_supervised(spec)
         _report("loaded")
-        sglang = isinstance(policy, EnginePolicy) and policy.takes_context
+        sglang = is_engine(policy) and policy.takes_context
         if context_text and not sglang:
             raise BadWorld(f"--context is for sglang: policies; {spec} is not one")
     except (BadWorld, PolicyError) as exc:
@@ -103,10 +104,10 @@ def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
         steps = parse_sequence(text)
         if context_text:
             raise BadWorld("--context is for one step; a sequence names each step's context")
-        name, policy = load_policy(spec)
+        name, policy = spec, load_supervised(spec)
         _report("loaded")
         paired = isinstance(steps[0], tuple)
-        sglang = isinstance(policy, EnginePolicy) and policy.takes_context
+        sglang = is_engine(policy) and policy.takes_context
         if paired and not sglang:
             raise BadWorld(f"(World, SGLangContext) steps are for sglang: policies; {spec} is "
                            f"not one")
@@ -121,7 +122,7 @@ def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
             hazards = check_steps(policy, steps, BUGS)
         else:
             hazards = check_sequence(policy, steps, name, engine_worlds=lambda w: (
-                policy.engine_world(w, keep_cap=True) if isinstance(policy, EnginePolicy)
+                policy.engine_world(w, keep_cap=True) if is_engine(policy)
                 else w))
     except AssertionError as exc:  # PropertyViolation, SequenceFailure
         print(exc)
@@ -174,6 +175,9 @@ def run(args) -> int:
             return BAD_INPUT
     try:
         return replay(args.world, args.policy, args.context)
+    except PolicyProcessLost as exc:  # its process died or was killed at its deadline
+        print(exc)
+        return VIOLATED
     except Exception:  # noqa: BLE001 - a bug in the gate, not in the input
         traceback.print_exc()
         print("internal error of the gate (exit 3): please report it with the command above",

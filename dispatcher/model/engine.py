@@ -12,7 +12,7 @@ import abc
 
 from .world import World
 
-__all__ = ["EnginePolicy", "EngineStep"]
+__all__ = ["EnginePolicy", "EngineStep", "RemotePolicy", "is_engine"]
 
 
 class EngineStep(abc.ABC):
@@ -52,3 +52,20 @@ class EnginePolicy(abc.ABC):
 
     @abc.abstractmethod
     def engine_world(self, world: World, keep_cap: bool = False) -> World: ...
+
+
+class RemotePolicy(abc.ABC):
+    """A policy whose code runs in another process (``dispatcher.supervised``): the checks ask
+    it for whole answers (``rule_values``: every rank of one world) instead of calling it per
+    rank here. ``is_engine``: whether the code there is an engine policy."""
+
+    is_engine: bool = False
+
+    @abc.abstractmethod
+    def rule_values(self, world: World, name: str): ...
+
+
+def is_engine(policy) -> bool:
+    """Whether ``policy`` is an engine's dispatcher code, here or in a supervised process."""
+    return isinstance(policy, EnginePolicy) or (isinstance(policy, RemotePolicy)
+                                                and policy.is_engine)

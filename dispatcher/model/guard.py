@@ -100,12 +100,14 @@ if hasattr(os, "register_at_fork"):
 
 
 @contextmanager
-def guarded():
+def guarded(seconds: float = None):
+    """Guard the calls inside; ``seconds``: the timer's limit (default ``CALL_TIMEOUT.now``).
+    Inside another guarded block the outer timer goes on (it is not re-armed per call)."""
     import posix
 
     saved = os._exit, posix._exit
     os._exit = posix._exit = _refuse_exit
-    armed, previous = _arm(CALL_TIMEOUT.now)
+    armed, previous = _arm(CALL_TIMEOUT.now if seconds is None else seconds)
     _CALL["depth"] += 1
     forks = _CALL["forks"]
     try:

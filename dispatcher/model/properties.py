@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Sequence
 
 from ..sizing import NotApplicable, Policy
 from .validation import A2ASizingError, NotAnInteger, require_int
-from .engine import EnginePolicy, EngineStep
+from .engine import EnginePolicy, EngineStep, RemotePolicy, is_engine
 from .generations import replay_flag
 from .guard import CallTimedOut, PolicyExited, PolicyForked, guarded
 from .show import shown, text
@@ -110,6 +110,8 @@ def rule_values(policy: Policy, world: World, name: str = "") -> List[int]:
     """The policy's value on every EP rank, each checked to be an int; the policy is asked
     once more for the last rank, which must give the same answer. A rule that raises, returns a
     non-int or answers differently is reported with the world and a replay line."""
+    if isinstance(policy, RemotePolicy):  # every rank asked in the policy's own process
+        return policy.rule_values(world, name)
     name = name or policy_name(policy)
     rank_policy = for_world(policy, world)
     engine = isinstance(rank_policy, EngineStep)
@@ -220,7 +222,7 @@ def world_for(policy, world: World, keep_cap: bool = False) -> World:
     (``policy.engine_world``: vLLM never idles a DP rank at zero tokens, say), else ``world``;
     ``keep_cap`` for a tier whose workspaces are built per cap (the rank pool). Inside a
     Hypothesis test, a world the engine never runs is rejected."""
-    if not isinstance(policy, EnginePolicy):
+    if not is_engine(policy):
         return world
     try:
         return policy.engine_world(world, keep_cap=keep_cap)

@@ -113,6 +113,12 @@ class SGLangRelease(EnginePolicy):
             self.loaded[version] = _exec(self.path, self.sha256, self.flashinfer, version)
         return self.loaded[version]
 
+    @property
+    def sources(self) -> Dict[str, str]:
+        """Which SGLang function makes each part of a step (``Scheduler.sources``): plain
+        text, read the same here or through a supervised process."""
+        return dict(self.hooks.scheduler.sources)
+
     def __repr__(self):
         return self.spec
 

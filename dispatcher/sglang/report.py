@@ -64,7 +64,7 @@ def describe_outcomes(outs: Sequence, world: Optional[World] = None) -> str:
 
 def describe_sources(release) -> str:
     """Which SGLang function produced what each rank saw (``scheduler.Scheduler.sources``)."""
-    src = release.hooks.scheduler.sources
+    src = release.sources
     if len(set(src.values())) == 1:
         return f"  step made by: {next(iter(src.values()))}"
     return (f"  step made by SGLang's own code: config accepted by {src['topology']}; list by "

@@ -58,7 +58,7 @@ def class_verdicts(release: SGLangRelease, max_examples: int = CLASS_EXAMPLES) -
     for key in BUG_CLASSES:
         if not reachable(release, key, max_examples):
             out[key] = Verdict(key, None, f"unreachable in {release.label}: "
-                               f"{release.hooks.scheduler.sources['topology']}", True)
+                               f"{release.sources['topology']}", True)
             continue
         found = minimal(BUG_CLASSES[key].steps(), lambda wc, key=key: check_step(release, key, *wc) is not None,
                         max_examples)

@@ -181,3 +181,33 @@ def test_a_companion_python_would_resolve_to_another_object_is_refused(tmp_path,
     src.write_text("def require_mlp_tp_gather(server_args=None):\n    return False\n\n" + how)
     with pytest.raises(ReleaseError, match=r"binds require_mlp_tp_gather 2 times \(lines 1, "):
         companion_function(src, "require_mlp_tp_gather", {})
+
+
+@pytest.mark.parametrize("body, words", [
+    ("import os\n    os._exit(0)\n", "os._exit(0)"),
+    ("import signal\n    signal.setitimer(signal.ITIMER_REAL, 0)\n"
+     "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    while True:\n        pass\n",
+     "[slow rule]"),
+], ids=["exits", "spins-deaf"])
+def test_engine_code_of_a_tree_that_exits_or_hangs_fails_its_test(tree, body, words):
+    """The tree's own companion (``require_mlp_tp_gather()``, run inside SGLang's dispatch)
+    ends the process or never returns: it runs in the supervised process, so the run fails
+    with the world, never exit 0 and never a hang (the parent's SIGKILL deadline)."""
+    path = _file(tree, sources.COMMON)
+    text = path.read_text()
+    head = "def require_mlp_tp_gather(*, moe_a2a_backend=None):\n"
+    assert head in text
+    start = text.index('"""', text.index(head))
+    end = text.index('"""', start + 3) + 3  # after the docstring
+    path.write_text(text[:end] + "\n    " + body + text[end:])
+    env = {k: v for k, v in os.environ.items() if k != NEWEST_ENV}
+    from dispatcher.runner import suite_args
+
+    args = suite_args(args=["-p", "no:cacheprovider", "-q", "-n", "0", f"--policy=sglang:{tree}",
+                            "--rule-timeout-s=0.5", "sglang/test_engine_steps.py",
+                            "-k", "in_every_context"])
+    done = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tree, capture_output=True,
+                          text=True, timeout=120, env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert words in out and "INTERNALERROR" not in out, out[-3000:]

@@ -19,7 +19,7 @@ LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.emulator": 2, "strategies": 2, "dispatcher.flashinfer": 2, "dispatcher.standins": 2,
     "dispatcher.gpu": 3, **{f"dispatcher.{name}": 3 for name in ENGINES},  # an engine's folder
     "dispatcher.cross_round_verdicts": 3,
-    "dispatcher.policies": 4, "dispatcher.__main__": 4, "dispatcher.verdicts": 4,
+    "dispatcher.policies": 4, "dispatcher.supervised": 4, "dispatcher.__main__": 4, "dispatcher.verdicts": 4,
     "dispatcher.compat": 4, "dispatcher.canary": 4,
     "dispatcher": 4,  # the package's __init__ re-exports the model's names
     "dispatcher.plugin": 5, "dispatcher.plugin_fixtures": 5, "dispatcher.plugin_exit": 5,
