@@ -105,12 +105,19 @@ def pytest_configure(config):
     database = _database(config)  # never the folder the gate is run from (an engine's)
     from hypothesis.configuration import set_hypothesis_home_dir
 
-    set_hypothesis_home_dir(str(Path(database.path).parent))  # its other caches beside it
+    set_hypothesis_home_dir(str(Path(database.path).parent.parent))  # its other caches beside it
     for name, chosen in PROFILES.items():
         if chosen.database is not None:
             settings.register_profile(name, settings(chosen, database=database))
     config.stash[_OUTER_PROFILE] = settings.get_current_profile_name()  # a nested run's
     settings.load_profile(profile)                                      # own, put back after
+    if profile == "repro" and not _saved_examples():
+        settings.load_profile(config.stash[_OUTER_PROFILE])
+        raise pytest.UsageError(
+            f"{where}: nothing to replay for --policy {config.getoption('--policy')}: its "
+            f"example database ({database.path}) holds no saved failure. The repro profile "
+            f"only replays what a failing run of this policy saved; run the gate once first "
+            f"(HYPOTHESIS_PROFILE=dev or thorough), or HYPOTHESIS_PROFILE=ci to search")
     config.stash[_PROFILE_KEY] = profile
     specs = [a for a in config.invocation_params.args
              if str(a) == "--policy" or str(a).startswith("--policy=")]
@@ -315,10 +322,9 @@ def pytest_report_header(config):
     from dispatcher.model.generations import active
 
     profile = config.stash.get(_PROFILE_KEY, "dev")
-    if profile == "repro" and not _saved_examples():
-        line += ("\n  the repro profile replays the failures saved in the example database "
-                 f"({getattr(settings().database, 'path', 'none')}), and it is empty here: nothing is searched, so this "
-                 "run checks only the pinned examples (HYPOTHESIS_PROFILE=ci searches)")
+    if profile == "repro":
+        line += (f"\n  the repro profile replays the failures of this policy saved in "
+                 f"{getattr(settings().database, 'path', 'none')} (nothing is searched)")
     return [line, f"hypothesis profile: {profile}; FlashInfer: {_flashinfer_version()} "
                   f"(modelled: {active().version}); "
                   f"GPU tiers: {flashinfer_missing() or 'available'}"]

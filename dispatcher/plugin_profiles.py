@@ -44,20 +44,33 @@ for _name, _profile in PROFILES.items():
 
 
 def _database(config):
-    """The example database: a checkout's own ``.hypothesis/`` (ignored by git), or beside
-    the release caches where the suite runs installed (``a2a-gate``), never in the folder the
-    gate is run from (an engine's checkout)."""
+    """The example database of the policy under test: a folder of its own (``policy_folder``)
+    under a checkout's ``.hypothesis/examples`` (ignored by git), or beside the release caches
+    where the suite runs installed (``a2a-gate``), never in the folder the gate is run from (an
+    engine's checkout). One folder per policy: the repro profile replays this policy's saved
+    failures, never another rule's."""
     import dispatcher
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     if config.rootpath == Path(dispatcher.__file__).resolve().parent / "suite":  # installed
         from dispatcher.wheels import user_cache
 
-        return DirectoryBasedExampleDatabase(str(user_cache() / "hypothesis"))
-    return DirectoryBasedExampleDatabase(str(config.rootpath / ".hypothesis" / "examples"))
+        base = user_cache() / "hypothesis"
+    else:
+        base = config.rootpath / ".hypothesis" / "examples"
+    return DirectoryBasedExampleDatabase(str(base / policy_folder(config.getoption("--policy"))))
+
+
+def policy_folder(spec: str) -> str:
+    """The example database's folder name for ``spec``: readable, and unique by its hash."""
+    import hashlib
+    import re
+
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec)[-48:].strip("_.") or "policy"
+    return f"{readable}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
 
 def _saved_examples() -> bool:
-    """Whether the example database the repro profile replays holds anything."""
+    """Whether the example database the repro profile replays (the policy's) holds anything."""
     folder = getattr(settings().database, "path", None)
     return folder is not None and Path(folder).is_dir() and any(Path(folder).iterdir())

@@ -15,10 +15,12 @@ ForwardBatch.prepare_mlp_sync_batch``      ``get_dp_global_num_tokens()`` (each 
 ``model_executor/runner/decode_cuda_graph_ the bucket a rank replays: the statements of
 runner.py: DecodeCudaGraphRunner.          ``load_batch`` (0.5.14+) or ``replay_prepare``
 load_batch`` (0.5.10-0.5.13:               (``CudaGraphRunner``, 0.5.10-0.5.13) that choose it,
-``cuda_graph_runner.py: CudaGraphRunner.   the ``if self.require_mlp_tp_gather:`` block and
-replay_prepare``)                          what it reads, sliced out and compiled alone; its
-                                           helpers (``_pad_to_bucket``, ``_max_dp_batch_size``)
-                                           from the release's runner classes
+``cuda_graph_runner.py: CudaGraphRunner.   the ``if self.require_mlp_tp_gather:`` block, every
+replay_prepare``)                          later statement that can change ``bs`` (a backward
+                                           slice to the method's end) and what they read,
+                                           sliced out and compiled alone; its helpers
+                                           (``_pad_to_bucket``, ``_max_dp_batch_size``) from
+                                           the release's runner classes
 =========================================  ====================================================
 
 Everything else they read is the gate's stand-in for process state, each named in ``_standins``
@@ -230,31 +232,33 @@ def _assigns(node, name: str) -> bool:
 
 def _bucket_slice(method: ast.FunctionDef) -> Optional[ast.FunctionDef]:
     """``def _bucket(self, forward_batch)``: the ``if self.require_mlp_tp_gather:`` block of
-    ``method`` that chooses ``bs``, the statements after it up to where ``bs`` is assigned,
-    and the assignments before it that those read (outer blocks first); returns ``bs``."""
-    def search(block, before):
+    ``method`` that chooses ``bs``; every statement after it, in its block and the blocks
+    around it, that can change what ``bs`` holds when the method goes on (one that assigns
+    ``bs``, or a name such a statement reads: a backward slice, so an edit that re-chooses
+    the bucket after the block is run, as Python runs it); and the assignments before it that
+    those read (outer blocks first). Returns ``bs``."""
+    def search(block, before, rest):
         for i, stmt in enumerate(block):
             if (isinstance(stmt, ast.If) and "require_mlp_tp_gather" in
                     {getattr(n, "attr", None) for n in ast.walk(stmt.test)}
                     and (_assigns(stmt, "bs") or _assigns(stmt, "index"))):
-                after = []
-                if not _assigns(stmt, "bs"):
-                    for nxt in block[i + 1:]:
-                        after.append(nxt)
-                        if _assigns(nxt, "bs"):
-                            break
-                return before + block[:i], stmt, after
+                return before + block[:i], stmt, block[i + 1:] + rest
             for inner in ("body", "orelse"):
-                found = search(getattr(stmt, inner, None) or [], before + block[:i]) \
-                    if isinstance(stmt, ast.If) else None
+                found = search(getattr(stmt, inner, None) or [], before + block[:i],
+                               block[i + 1:] + rest) if isinstance(stmt, ast.If) else None
                 if found:
                     return found
         return None
 
-    found = search(method.body, [])
+    found = search(method.body, [], [])
     if found is None:
         return None
-    preceding, choice, after = found
+    preceding, choice, rest = found
+    after, flows = [], {"bs"}  # what decides bs at the method's end, read backwards
+    for stmt in reversed(rest):
+        if any(_assigns(stmt, name) for name in flows):
+            after.insert(0, stmt)
+            flows |= _reads([stmt])
     needed, kept = _reads([choice] + after), []
     for stmt in reversed(preceding):
         if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets) \

@@ -247,13 +247,32 @@ def test_bad_pytest_options_are_usage_errors(pytester, monkeypatch, args, env, w
     assert words in text and "INTERNALERROR" not in text
 
 
-def test_the_header_names_the_profile_that_runs_and_an_empty_repro(pytester, monkeypatch):
-    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
-    pytester.makepyfile(test_nothing="def test_x():\n    pass\n")
+def test_the_repro_profile_replays_this_policys_failures_or_refuses(pytester, monkeypatch):
+    """The repro profile searches nothing: with no saved failure of the policy under test it
+    is a usage error (it passed a wrong rule before), even where another rule's failures are
+    saved; with one, it replays it and fails."""
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "dev")
+    pytester.makepyfile(test_rule="""
+        from hypothesis import given
+        from dispatcher.model import properties
+        from strategies import worlds
+
+        @given(world=worlds())
+        def test_rule(policy, policy_spec, world):
+            values = properties.values_or_reject(policy, world, policy_spec)
+            properties.check_all(world, values, policy_spec)
+    """)
     (pytester.path / "conftest.py").write_text(CONFTEST)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--hypothesis-profile=repro")
-    text = result.stdout.str()
-    assert "hypothesis profile: repro;" in text and "it is empty here: nothing is searched" in text
+    run = lambda *args: pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)  # noqa: E731
+    empty = run("--hypothesis-profile=repro", "--policy=prefix_rule")
+    assert empty.ret == pytest.ExitCode.USAGE_ERROR
+    assert "nothing to replay for --policy prefix_rule" in empty.stderr.str()
+    assert run("--policy=prefix_rule").ret == pytest.ExitCode.TESTS_FAILED  # saves its failure
+    again = run("--hypothesis-profile=repro", "--policy=prefix_rule")
+    assert again.ret == pytest.ExitCode.TESTS_FAILED, again.stdout.str()[-2000:]
+    assert "hypothesis profile: repro;" in again.stdout.str()
+    other = run("--hypothesis-profile=repro", "--policy=dispatcher.sizing:ideal_rule")
+    assert other.ret == pytest.ExitCode.USAGE_ERROR  # prefix_rule's failures are not its own
 
 
 def test_installed_runs_keep_their_caches_beside_the_releases(monkeypatch, tmp_path):
@@ -270,10 +289,18 @@ def test_installed_runs_keep_their_caches_beside_the_releases(monkeypatch, tmp_p
     monkeypatch.setattr(runner, "_REPO", tmp_path / "no-checkout")
     args = runner.suite_args()
     assert f"cache_dir={tmp_path / 'a2a-sizing-gate' / 'pytest-cache'}" in args
-    installed = SimpleNamespace(rootpath=Path(dispatcher.__file__).resolve().parent / "suite")
-    assert Path(plugin._database(installed).path) == tmp_path / "a2a-sizing-gate" / "hypothesis"
-    checkout = SimpleNamespace(rootpath=tmp_path / "repo")
-    assert Path(plugin._database(checkout).path) == tmp_path / "repo" / ".hypothesis" / "examples"
+    from dispatcher.plugin_profiles import policy_folder
+
+    policy = {"--policy": "mypkg.sizing:rule"}.get
+    installed = SimpleNamespace(rootpath=Path(dispatcher.__file__).resolve().parent / "suite",
+                                getoption=policy)
+    folder = policy_folder("mypkg.sizing:rule")
+    assert folder.startswith("mypkg.sizing_rule-")
+    assert Path(plugin._database(installed).path) == \
+        tmp_path / "a2a-sizing-gate" / "hypothesis" / folder
+    checkout = SimpleNamespace(rootpath=tmp_path / "repo", getoption=policy)
+    assert Path(plugin._database(checkout).path) == \
+        tmp_path / "repo" / ".hypothesis" / "examples" / folder
 
 
 def test_bad_vllm_targets_are_policy_errors(tmp_path, monkeypatch):

@@ -377,3 +377,22 @@ def test_the_gates_commands_write_nothing_into_the_folder_they_run_from(tmp_path
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (tmp_path / ".hypothesis").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="SGLang's file needs torch")
+def test_the_verdicts_command_fails_where_a_files_dispatch_exits(tmp_path):
+    """The tables are computed in a child: a ``dispatch()`` that ends the process (here with
+    ``_exit`` imported under its own name, which no guard of ``os._exit`` sees) is an error
+    naming it, never exit 0."""
+    from dispatcher.sglang import fetch, sources
+
+    release = fetch.PACKAGE.root_of(fetch.PACKAGE.fetch_release(sources.RELEASES[-1]))
+    text = (release / sources.RELEASE_FILE).read_text()
+    head = "        is_extend = get_is_extend_in_batch()\n"
+    assert head in text
+    engine = tmp_path / "flashinfer.py"
+    engine.write_text(text.replace(head, "        from os import _exit\n        _exit(0)\n" + head, 1))
+    done = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", f"sglang:{engine}"],
+                          capture_output=True, text=True, timeout=120, cwd=SOURCE)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "ended (exit code 0) before its tables" in done.stderr, done.stdout + done.stderr

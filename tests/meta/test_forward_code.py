@@ -102,6 +102,17 @@ EDITS = {  # an edit of one step: (file, old, new), the step and class it shows 
         ("ranks pass different runtimes [4, 12]", "CUDA-graph bucket by "
          "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py:",
          "DecodeCudaGraphRunner.load_batch()")),
+    # the same, written one line after the ``if self.require_mlp_tp_gather:`` block (Python
+    # runs the re-chosen bucket; a slice that stopped at the block passed it)
+    "runner-own-bucket-after-the-block": (
+        (sources.DECODE_RUNNERS[0],
+         "                bs = self._pad_to_bucket(raw_bs, self.capture_bs)\n"
+         "            padded_num_tokens = bs * self.captured_req_width\n",
+         "                bs = self._pad_to_bucket(raw_bs, self.capture_bs)\n"
+         "            bs = self._pad_to_bucket(raw_bs, self.capture_bs)\n"
+         "            padded_num_tokens = bs * self.captured_req_width\n"),
+        UNEVEN, REPLAY, "cuda-graph-buckets",
+        ("ranks pass different runtimes [4, 12]", "DecodeCudaGraphRunner.load_batch()")),
     "draft-runner-own-bucket": (  # the same in the EAGLE draft runner
         (sources.DRAFT_RUNNER, "bs = self._pad_to_bucket(int(max_batch_size), self.capture_bs)",
          "bs = self._pad_to_bucket(raw_bs, self.capture_bs)"),
