@@ -392,7 +392,10 @@ def test_the_verdicts_command_fails_where_a_files_dispatch_exits(tmp_path):
     assert head in text
     engine = tmp_path / "flashinfer.py"
     engine.write_text(text.replace(head, "        from os import _exit\n        _exit(0)\n" + head, 1))
+    from dispatcher.model.generations import ENV, PINNED_RELEASES_GENERATION
+
+    env = dict(os.environ, **{ENV: PINNED_RELEASES_GENERATION})  # whose API 0.5.23 calls
     done = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", f"sglang:{engine}"],
-                          capture_output=True, text=True, timeout=120, cwd=SOURCE)
+                          capture_output=True, text=True, timeout=120, cwd=SOURCE, env=env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "ended (exit code 0) before its tables" in done.stderr, done.stdout + done.stderr
