@@ -25,6 +25,7 @@ commit is judged on the same examples).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import shutil
@@ -42,7 +43,7 @@ from .procs import OutputFlood, child_env, python_child, run_bounded
 from .runner import suite_args
 
 __all__ = ["main", "bisect", "BisectError", "GateJudge", "Verdict", "PROPERTIES", "GOOD",
-           "BAD", "SKIP"]
+           "BAD", "SKIP", "repointed", "remove_stale_worktrees"]
 
 GOOD, BAD, SKIP = "good", "bad", "skip"  # what ``git bisect`` is told about a commit
 PROPERTIES = ("cpu/test_sizing_properties.py",)
@@ -100,12 +101,29 @@ class GateJudge:
         env.setdefault("HYPOTHESIS_PROFILE", "ci")
         return env
 
+    def spec(self, tree: Path) -> str:
+        """What this commit is gated as: the tree (``engine:TREE``), or, where the history
+        holds the engine's dispatcher file and no other Python file of the engine, that file
+        alone, judged with its release's code as a lone file is (``engine:FILE``, a copy of
+        this commit's file outside the tree, which would be read as a checkout's)."""
+        package = ENGINES[self.engine].package()
+        try:
+            main = package.checkout_file(tree)
+        except ValueError:
+            return f"{self.engine}:{tree}"  # the loader says what is missing
+        others = (p for p in tree.rglob("*.py")
+                  if p != main and p.name != "__init__.py" and ".git" not in p.parts)
+        if next(others, None):
+            return f"{self.engine}:{tree}"
+        lone = tree.parent / "lone" / main.name
+        lone.parent.mkdir(exist_ok=True)
+        shutil.copyfile(main, lone)
+        return f"{self.engine}:{lone}"
+
     def replay(self, tree: Path, line: str, log: Path) -> Verdict:
         """The known counterexample on this commit's file: BAD if it fails, GOOD if it holds,
         SKIP if the file does not load or the replay ends without a verdict."""
-        words = shlex.split(line)[3:]  # after "python -m dispatcher"
-        if "--policy" in words:  # judge this commit's file, whatever the line was recorded on
-            words[words.index("--policy") + 1] = f"{self.engine}:{tree}"
+        words = repointed(shlex.split(line)[3:], self.spec(tree))  # after "python -m dispatcher"
         return self._judged(["dispatcher", *words], REPLAY_TIMEOUT_S, log, {
             BAD: "the known counterexample fails here",
             GOOD: "the known counterexample holds here"}, "the replay gave no verdict")
@@ -116,7 +134,7 @@ class GateJudge:
         selection = (suite_args(args=[*self.pytest_args, *quiet]) if self.pytest_args
                      else suite_args(ENGINES[self.engine].bisect_parts + PROPERTIES, quiet))
         return self._judged(["pytest", *selection,
-                             f"--policy={self.engine}:{tree}"], STEP_TIMEOUT_S, log,
+                             f"--policy={self.spec(tree)}"], STEP_TIMEOUT_S, log,
                             {BAD: "the gate fails", GOOD: "the gate passes"},
                             f"the gate could not judge it (the file does not load, no tests, an "
                             f"internal error or over {STEP_TIMEOUT_S} s)")
@@ -139,6 +157,23 @@ class GateJudge:
             if first.word != GOOD or replay_only:
                 return first
         return self.gate(tree, self.logs / f"{sha}.log")
+
+
+def repointed(words: List[str], spec: str) -> List[str]:
+    """A replay's arguments with its policy, written ``--policy X`` or ``--policy=X``, set to
+    ``spec`` (this commit's file, whatever the line was recorded on)."""
+    out, skip = [], False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word == "--policy" and i + 1 < len(words):
+            out += ["--policy", spec]
+            skip = True
+        elif word.startswith("--policy="):
+            out.append(f"--policy={spec}")
+        else:
+            out.append(word)
+    return out
 
 
 def _run(cmd: List[str], env: dict, timeout: float):
@@ -171,11 +206,53 @@ class _Stopped(BaseException):
     """SIGTERM (a CI job cancelled): unwound like Ctrl-C, so the worktree is removed."""
 
 
+_PREFIX = "a2a-gate-bisect-"
+_OWNER = "owner.pid"  # beside the worktree: the bisect that made it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_worktrees(repo: Path) -> List[Path]:
+    """Worktrees of ``repo`` that an earlier bisect made and could not remove (it was killed
+    with SIGKILL): unregistered and deleted; a running bisect's are left alone."""
+    listing = _git(repo, "worktree", "list", "--porcelain", check=False)
+    gone = []
+    for line in listing.splitlines():
+        if not line.startswith("worktree "):
+            continue
+        tree = Path(line[len("worktree "):])
+        folder = tree.parent
+        if not folder.name.startswith(_PREFIX) or tree.name != "tree":
+            continue
+        try:
+            owner = int((folder / _OWNER).read_text())
+        except (OSError, ValueError):
+            owner = None
+        if owner is not None and _alive(owner):
+            continue
+        _git(repo, "worktree", "remove", "--force", str(tree), check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+        gone.append(tree)
+    _git(repo, "worktree", "prune", check=False)
+    return gone
+
+
 @contextmanager
 def _worktree(repo: Path, commit: str):
     """A detached worktree of ``repo`` at ``commit`` in a temporary folder, removed (with its
-    bisect state) however the block ends; SIGTERM unwinds the block too."""
-    folder = Path(tempfile.mkdtemp(prefix="a2a-gate-bisect-"))
+    bisect state) however the block ends; SIGTERM unwinds the block too. One that a killed
+    bisect left is removed first (``remove_stale_worktrees``)."""
+    remove_stale_worktrees(repo)
+    folder = Path(tempfile.mkdtemp(prefix=_PREFIX))
+    (folder / _OWNER).write_text(str(os.getpid()))
     tree = folder / "tree"
 
     def stop(signum, frame):

@@ -219,6 +219,55 @@ needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="SGLang's file needs torch")
 
 
+def test_a_worktree_a_killed_bisect_left_is_removed_by_the_next(history, tmp_path):
+    """``kill -9`` of a bisect leaves its worktree registered in the user's repository; the
+    next bisect removes it (one of a bisect still running stays)."""
+    repo, shas = history
+    script = textwrap.dedent(f"""
+        import os, signal
+        from pathlib import Path
+        from dispatcher.bisect import _worktree
+        with _worktree(Path({str(repo)!r}), {shas['good']!r}) as (tree, folder):
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SOURCE), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    left = [line for line in _git(repo, "worktree", "list").splitlines()[1:]]
+    assert len(left) == 1 and "a2a-gate-bisect-" in left[0]
+    with bisect_mod._worktree(repo, shas["good"]) as (mine, _):  # removes the stale one first
+        listed = _git(repo, "worktree", "list").splitlines()[1:]
+        assert len(listed) == 1 and str(mine) in listed[0]
+        assert bisect_mod.remove_stale_worktrees(repo) == []  # this one's owner is alive
+    assert _git(repo, "worktree", "list").count("\n") == 0
+    assert not Path(left[0].split()[0]).exists()
+
+
+@pytest.mark.parametrize("line", [
+    'python -m dispatcher --policy sglang:/old/tree "World(ep_size=2, dp_size=2, group_tokens=(1, 2), max_num_tokens=2)"',
+    'python -m dispatcher --policy=sglang:/old/tree "World(ep_size=2, dp_size=2, group_tokens=(1, 2), max_num_tokens=2)"',
+])
+def test_a_replay_line_is_repointed_at_each_commit_however_its_policy_is_written(line):
+    import shlex
+
+    words = bisect_mod.repointed(shlex.split(line)[3:], "sglang:/new/tree")
+    assert "/old/tree" not in " ".join(words) and "sglang:/new/tree" in " ".join(words)
+    assert words[-1].startswith("World(")
+
+
+def test_a_history_of_the_dispatcher_file_alone_is_gated_as_a_lone_file(history, tmp_path):
+    """A history holding only the engine's file (no other Python file of the engine) is judged
+    as that file alone, with its release's code (it was refused as a tree lacking 10 pieces);
+    a checkout is judged as a tree."""
+    repo, _ = history
+    judge = bisect_mod.GateJudge("sglang", [], tmp_path)
+    lone = repo.parent / "lone" / FILE.name  # a copy beside the tree, not inside it
+    assert judge.spec(repo) == f"sglang:{lone}" and lone.read_text() == (repo / FILE).read_text()
+    (repo / "python" / "sglang" / "srt" / "utils").mkdir(parents=True)
+    (repo / "python" / "sglang" / "srt" / "utils" / "common.py").write_text("x = 1\n")
+    assert judge.spec(repo) == f"sglang:{repo}"
+
+
 @pytest.fixture
 def sglang_history(tmp_path):
     """A checkout of the newest release, then the commit that sizes from the smallest group."""
@@ -237,12 +286,27 @@ LINE = ('python -m dispatcher --policy sglang:X --context "SGLangContext(cap_fro
         'max_num_tokens=4096)"')  # skewed: SGLang pads it SUM_LEN, so min != max
 
 
+@pytest.fixture
+def lone_history(tmp_path):
+    """The newest release's dispatcher file alone in a history, then the same culprit."""
+    newest = fetch.fetch_release(RELEASES[-1])
+    repo = tmp_path / "lone"
+    _git(tmp_path, "init", "-q", str(repo))
+    (repo / FILE).parent.mkdir(parents=True)
+    shutil.copy(newest, repo / FILE)
+    good = _commit(repo, "the newest release's dispatcher file")
+    (repo / FILE).write_text((repo / FILE).read_text().replace(*MUTATION))
+    return repo, good, _commit(repo, "size from the smallest DP group")
+
+
 @pytest.mark.engine_releases("sglang")  # SGLang's history: on 0.7.2
 @needs_torch
-def test_bisect_from_a_replay_line_end_to_end(sglang_history, tmp_path):
+@pytest.mark.parametrize("kind", ["tree", "lone file"])
+def test_bisect_from_a_replay_line_end_to_end(sglang_history, lone_history, tmp_path, kind):
     """The command as a user runs it after a failing CI run, with the real judge: the
-    counterexample fails at --bad, holds at --good, and the report names the commit."""
-    repo, good, culprit = sglang_history
+    counterexample fails at --bad, holds at --good, and the report names the commit; over a
+    checkout's history and over one that holds the dispatcher file alone."""
+    repo, good, culprit = sglang_history if kind == "tree" else lone_history
     done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "bisect", "--good", good,
                            "--bad", culprit, "--repo", str(repo), "--replay", LINE,
                            "--logs", str(tmp_path / "logs")],

@@ -399,3 +399,28 @@ def test_the_verdicts_command_fails_where_a_files_dispatch_exits(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=SOURCE, env=env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "ended (exit code 0) before its tables" in done.stderr, done.stdout + done.stderr
+
+
+def test_a_replay_stopped_by_sigterm_leaves_no_folder_and_no_process(late, tmp_path):
+    """SIGTERM (a CI job cancelled) while the replay runs a rule that never returns: exit 143,
+    its report folder removed, the rule's processes gone."""
+    import signal
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    name = f"spins_{os.getpid()}_{int(time.time() * 1e6)}"  # no other test's process has it
+    (late / f"{name}.py").write_text(LATE["spins_deaf"])
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "--policy", f"{name}:rule",
+                             repr(WORLD)], cwd=SOURCE, env=dict(os.environ, TMPDIR=str(tmp)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not list(tmp.glob("a2a-gate-replay-*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(1.0)  # the rule is spinning by now
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, out + err
+    assert not list(tmp.iterdir()), list(tmp.iterdir())
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert name not in ps

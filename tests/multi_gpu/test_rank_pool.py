@@ -156,8 +156,11 @@ def test_rank_processes_exit_when_their_parent_is_killed(tmp_path):
         "                    GPU_SHAPES.largest.combine_bytes, emulated=True)\n"
         "    print(' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
         "    time.sleep(600)\n")
+    tmp = tmp_path / "tmp"  # what a SIGKILLed parent cannot remove stays in this test's folder
+    tmp.mkdir()
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                                   "TMPDIR": str(tmp)})
     try:
         pids = [int(p) for p in parent.stdout.readline().split()]
         assert len(pids) == 2
@@ -171,3 +174,4 @@ def test_rank_processes_exit_when_their_parent_is_killed(tmp_path):
         alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
                  "zombie" not in open(f"/proc/{p}/status").read()]
     assert not alive, f"rank processes {alive} outlived their parent"
+    assert any(tmp.iterdir())  # its logs and multiprocessing's folder went there, not to /tmp
