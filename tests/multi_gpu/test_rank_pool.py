@@ -135,43 +135,50 @@ def test_a_python_error_on_every_rank_keeps_the_pool(pools):
     pool.run(world, "dispatcher.sizing:ideal_rule")
 
 
-def test_rank_processes_exit_when_their_parent_is_killed(tmp_path):
+def test_rank_processes_exit_when_their_parent_is_killed():
     """A killed pytest worker must not leave rank processes holding GPU memory (the ranks'
     watch of their parent is the same with or without kernels: the exact CPU model's pool
     starts in a second)."""
     import os
+    import shutil
     import signal
     import subprocess
     import sys
+    import tempfile
     import time
+    from pathlib import Path
 
-    script = tmp_path / "parent.py"
-    script.write_text(
-        "import time\n"
-        "from dispatcher.gpu.env import gpu_count\n"
-        "from dispatcher.gpu.rank_pool import RankPool\n"
-        "from strategies import GPU_SHAPES\n"
-        "if __name__ == '__main__':  # a child process must not start a pool of its own\n"
-        "    pool = RankPool(2, 1, GPU_SHAPES.largest.dispatch_bytes,\n"
-        "                    GPU_SHAPES.largest.combine_bytes, emulated=True)\n"
-        "    print(' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
-        "    time.sleep(600)\n")
-    tmp = tmp_path / "tmp"  # what a SIGKILLed parent cannot remove stays in this test's folder
-    tmp.mkdir()
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
-                                   "TMPDIR": str(tmp)})
+    # what a SIGKILLed parent cannot remove goes to a folder of this test's, removed at the
+    # end (a short path: multiprocessing's sockets live there, and a socket's path has 107 bytes)
+    tmp = Path(tempfile.mkdtemp(prefix="a2a-t-"))
     try:
-        pids = [int(p) for p in parent.stdout.readline().split()]
-        assert len(pids) == 2
+        script = tmp / "parent.py"
+        script.write_text(
+            "import time\n"
+            "from dispatcher.gpu.env import gpu_count\n"
+            "from dispatcher.gpu.rank_pool import RankPool\n"
+            "from strategies import GPU_SHAPES\n"
+            "if __name__ == '__main__':  # a child process must not start a pool of its own\n"
+            "    pool = RankPool(2, 1, GPU_SHAPES.largest.dispatch_bytes,\n"
+            "                    GPU_SHAPES.largest.combine_bytes, emulated=True)\n"
+            "    print(' '.join(str(p.pid) for p in pool._procs), flush=True)\n"
+            "    time.sleep(600)\n")
+        parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                  text=True, env={**os.environ, "TMPDIR": str(tmp),
+                                                  "PYTHONPATH": os.pathsep.join(sys.path)})
+        try:
+            pids = [int(p) for p in parent.stdout.readline().split()]
+            assert len(pids) == 2
+        finally:
+            parent.send_signal(signal.SIGKILL)
+            parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.5)
+            alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
+                     "zombie" not in open(f"/proc/{p}/status").read()]
+        assert not alive, f"rank processes {alive} outlived their parent"
+        assert len(list(tmp.iterdir())) > 1  # its logs and multiprocessing's folder went there
     finally:
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=30)
-    deadline = time.monotonic() + 30
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.5)
-        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
-                 "zombie" not in open(f"/proc/{p}/status").read()]
-    assert not alive, f"rank processes {alive} outlived their parent"
-    assert any(tmp.iterdir())  # its logs and multiprocessing's folder went there, not to /tmp
+        shutil.rmtree(tmp, ignore_errors=True)
