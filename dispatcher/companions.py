@@ -73,9 +73,9 @@ def _parsed(data: bytes) -> ast.Module:
 
 
 def defines(path: Path, name: str) -> bool:
-    """Whether ``path`` defines a top-level function ``name``."""
-    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
-               for n in parse(path).body)
+    """Whether the module at ``path`` binds ``name`` at its own level (a ``def``, or any other
+    binding: ``companion_function`` then resolves it as Python would, or refuses it by name)."""
+    return bool(_module_bindings(parse(path), name))
 
 
 class Unevaluated:
@@ -120,42 +120,71 @@ def _module_bindings(tree: ast.Module, name: str):
     return list(walk(tree.body))
 
 
+def _bound_def(tree: ast.Module, name: str, path: Path, before: Optional[int] = None,
+               depth: int = 0) -> Optional[ast.FunctionDef]:
+    """The ``def`` Python binds to ``name`` when it imports the module (as it stands at line
+    ``before``): the last of the module's own top-level bindings of it, where that is a plain
+    ``def`` or a rebinding to another name (``name = _other``, followed to ``_other``'s def at
+    that point). ``None`` where the module never binds it; a ``ReleaseError`` naming the lines
+    where the gate cannot tell which object that is (a binding under ``if``/``try``/``with``, an
+    import, a decorator, any other expression), since it never runs another one."""
+    bindings = [b for b in _module_bindings(tree, name) if before is None or b.lineno < before]
+    if not bindings:
+        return None
+    top = {id(node) for node in tree.body}
+    nested = [b for b in bindings if id(b) not in top]
+    last = bindings[-1]
+    lines = ", ".join(str(b.lineno) for b in bindings)
+    why = None
+    if nested:
+        why = (f"binds {name} {len(bindings)} times (lines {lines}), at line {nested[0].lineno} "
+               f"under a condition (if/try/with), so which one Python keeps depends on the run")
+    elif isinstance(last, ast.FunctionDef):
+        if last.decorator_list:
+            why = f"wraps {name} in a decorator (line {last.lineno})"
+        else:
+            return last
+    elif (isinstance(last, ast.Assign) and len(last.targets) == 1
+          and isinstance(last.value, ast.Name) and depth < 8):
+        target = _bound_def(tree, last.value.id, path, last.lineno, depth + 1)
+        if target is not None:
+            return target
+        why = f"binds {name} to {last.value.id} (line {last.lineno}), which is no def of the module"
+    else:
+        why = f"binds {name} {len(bindings)} times (lines {lines}), last by a statement " \
+              f"that is no plain def (line {last.lineno}: an import, an expression)"
+    raise ReleaseError(f"{path}: the module {why}: the gate cannot tell which object Python runs "
+                       f"as {name}(), so it refuses the file rather than run another one (write "
+                       f"{name} as one plain def)")
+
+
 def companion_function(path: Path, name: str, namespace: Dict[str, object]) -> Optional[Callable]:
-    """Function ``name`` of the file at ``path``, compiled alone in ``namespace`` (the
-    stand-ins answer its module-level names): annotations dropped, defaults that are not
-    literals replaced by ``Unevaluated``, so no code of the file but the function's body ever
-    runs; None if the file has none. Only where that is the object Python binds to ``name``
-    when it imports the file: a ``ReleaseError`` names the function and lines where the module
-    binds it more than once (a second ``def``, a rebinding, an import of the name) or wraps it
-    in a decorator, since the gate cannot tell which object runs and never runs the wrong one."""
+    """Function ``name`` of the file at ``path`` as Python binds it when it imports the file
+    (``_bound_def``: the last top-level ``def``, or the def a rebinding names), compiled alone
+    in ``namespace`` (the stand-ins answer its module-level names): annotations dropped,
+    defaults that are not literals replaced by ``Unevaluated``, so no code of the file but the
+    function's body ever runs; None if the file has none. Where the gate cannot tell which
+    object Python binds (a conditional binding, an import, a decorator), a ``ReleaseError``
+    names the function and lines: it never runs the wrong one."""
     tree = parse(path)
-    bindings = _module_bindings(tree, name)
-    decorated = [n for n in bindings if getattr(n, "decorator_list", None)]
-    if len(bindings) > 1 or decorated:
-        lines = ", ".join(str(n.lineno) for n in bindings)
-        why = (f"binds {name} {len(bindings)} times (lines {lines})" if len(bindings) > 1 else
-               f"wraps {name} in a decorator (line {decorated[0].lineno})")
-        raise ReleaseError(f"{path}: the module {why}: the gate cannot tell which object Python "
-                           f"runs as {name}(), so it refuses the file rather than run another "
-                           f"one (write {name} as one plain def)")
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            node = copy.deepcopy(node)  # the parsed tree is shared (parse's cache)
-            for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
-                arg.annotation = None
-            node.returns = None
-            node.decorator_list = []
-            namespace = dict(namespace)
-            for defaults in (node.args.defaults, node.args.kw_defaults):
-                for i, default in enumerate(defaults):
-                    if default is not None and not isinstance(default, ast.Constant):
-                        slot = f"_a2a_gate_default_{len(namespace)}_{i}"
-                        namespace[slot] = Unevaluated(ast.unparse(default))
-                        defaults[i] = ast.Name(slot, ast.Load())
-            node = ast.fix_missing_locations(node)
-            exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
-            return namespace[name]
-    return None
+    found = _bound_def(tree, name, path)
+    if found is None:
+        return None
+    node = copy.deepcopy(found)  # the parsed tree is shared (parse's cache)
+    for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+        arg.annotation = None
+    node.returns = None
+    node.decorator_list = []
+    namespace = dict(namespace)
+    for defaults in (node.args.defaults, node.args.kw_defaults):
+        for i, default in enumerate(defaults):
+            if default is not None and not isinstance(default, ast.Constant):
+                slot = f"_a2a_gate_default_{len(namespace)}_{i}"
+                namespace[slot] = Unevaluated(ast.unparse(default))
+                defaults[i] = ast.Name(slot, ast.Load())
+    node = ast.fix_missing_locations(node)
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace[node.name]
 
 
 @dataclass(frozen=True)

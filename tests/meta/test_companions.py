@@ -2,6 +2,7 @@
 of what each release has is the pinned releases' truth, and a tree that lacks a piece its
 release has is refused by name, never answered by a silent default."""
 import os
+import re
 import subprocess
 import sys
 
@@ -167,20 +168,54 @@ def test_a_companion_function_runs_nothing_of_its_file_but_its_body(tmp_path):
 @pytest.mark.parametrize("how", [
     "def require_mlp_tp_gather(server_args=None):\n    return True\n",  # a second def later
     "def _other(server_args=None):\n    return True\nrequire_mlp_tp_gather = _other\n",
-    "from elsewhere import require_mlp_tp_gather\n",
-    "try:\n    from fast import require_mlp_tp_gather\nexcept ImportError:\n    pass\n",
+    "def _other(server_args=None):\n    return True\nalias = _other\nrequire_mlp_tp_gather = alias\n",
 ])
-def test_a_companion_python_would_resolve_to_another_object_is_refused(tmp_path, how):
-    """SGLang #27945's fix undone by a second binding of the name: Python runs the last one,
-    the gate would have compiled the first. It cannot tell which runs, so the tree is refused
-    by name (never a pass on the wrong object)."""
+def test_a_companion_is_the_object_python_binds(tmp_path, how):
+    """SGLang #27945's fix undone by a later binding of the name: Python runs the last one, so
+    the gate runs that one (a second ``def``, a rebinding to another def, followed)."""
+    from dispatcher.companions import companion_function
+
+    src = tmp_path / "dp_attention.py"
+    src.write_text("def require_mlp_tp_gather(server_args=None):\n    return False\n\n" + how)
+    assert companion_function(src, "require_mlp_tp_gather", {})() is True
+
+
+@pytest.mark.parametrize("how, words", [
+    ("from elsewhere import require_mlp_tp_gather\n", "no plain def (line 4: an import"),
+    ("try:\n    from fast import require_mlp_tp_gather\nexcept ImportError:\n    pass\n",
+     "under a condition"),
+    ("if FAST:\n    def require_mlp_tp_gather(server_args=None):\n        return True\n",
+     "under a condition"),
+    ("require_mlp_tp_gather = make()\n", "no plain def"),
+])
+def test_a_companion_python_would_resolve_at_run_time_is_refused(tmp_path, how, words):
+    """Where the object depends on what runs at import (an import, a condition, a call), the
+    gate cannot tell which it is: the tree is refused by name, never run on the wrong one."""
     from dispatcher.companions import companion_function
     from dispatcher.wheels import ReleaseError
 
     src = tmp_path / "dp_attention.py"
     src.write_text("def require_mlp_tp_gather(server_args=None):\n    return False\n\n" + how)
-    with pytest.raises(ReleaseError, match=r"binds require_mlp_tp_gather 2 times \(lines 1, "):
+    with pytest.raises(ReleaseError, match=re.escape(words)):
         companion_function(src, "require_mlp_tp_gather", {})
+
+
+def test_the_27945_tree_fails_however_the_function_is_written(tree):
+    """SGLang #27945 (FlashInfer left out of require_mlp_tp_gather()'s gather) written as a
+    second def at the end of common.py: Python runs that one, and so does the gate. 0.5.23's
+    dispatcher asserts on the collapsed list it is then handed, in a step where a valid
+    runtime exists: the engine tier fails it."""
+    from dispatcher.sglang.bug_classes import BUG_CLASSES, step_problem
+
+    _, world, ctx = BUG_CLASSES["collapsed-dp-global"].first_seen
+    release = load_policy(f"sglang:{tree}")[1]
+    assert step_problem(release, world, ctx, release.step(world, ctx)) is None
+    path = _file(tree, sources.COMMON)
+    path.write_text(path.read_text() + "\n\ndef require_mlp_tp_gather(*, moe_a2a_backend=None):\n"
+                    "    return False\n")
+    release = load_policy(f"sglang:{tree}")[1]
+    problem = step_problem(release, world, ctx, release.step(world, ctx))
+    assert problem is not None and "raised" in problem, problem
 
 
 @pytest.mark.parametrize("body, words", [
