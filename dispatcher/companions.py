@@ -252,6 +252,31 @@ def _find(needed: Needed, root: Path) -> Optional[Path]:
     return None
 
 
+def _moved(needed: Needed, root: Path, top: str) -> Optional[Path]:
+    """Where a function piece missing from its known homes now lives in the tree: the one
+    module under ``root/top`` that binds it at its own level (a helper upstream moved to a
+    new module is found there). ``None`` where no module does; a ``ReleaseError`` naming them
+    where several do (the gate cannot tell which one the engine imports)."""
+    if needed.finder is not None or not (root / top).is_dir():
+        return None
+    pattern = re.compile(rf"^(?:def\s+{re.escape(needed.key)}\s*\(|{re.escape(needed.key)}\s*=)",
+                         re.M)
+    found = []
+    for path in sorted((root / top).rglob("*.py")):
+        try:
+            text = path.read_bytes().decode("utf-8", "replace")
+        except OSError:
+            continue
+        if pattern.search(text) and needed.found_in(path):
+            found.append(path)
+    if len(found) > 1:
+        raise ReleaseError(f"{root}: {needed.shown} is missing from its known homes "
+                           f"({', '.join(needed.files)}) and {len(found)} modules define it ("
+                           + ", ".join(str(p.relative_to(root)) for p in found[:5])
+                           + "): the gate cannot tell which one the engine imports")
+    return found[0] if found else None
+
+
 def _digests(sources: Dict[str, Optional[Path]]) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted((k, sha256(p)) for k, p in sources.items() if p is not None))
 
@@ -271,10 +296,17 @@ def resolve(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequ
                           _digests(sources))
     version = read_version(root, version_files) or package.wheel_version(root)
     held_to = version or pinned[-1]
+    moved = []
+    for n in needed:
+        if sources[n.key] is None and n.expected_in(held_to):
+            sources[n.key] = _moved(n, root, package.module or package.name)
+            if sources[n.key] is not None:
+                moved.append(f"{n.shown} from {sources[n.key].relative_to(root)}")
     missing = [n for n in needed if sources[n.key] is None and n.expected_in(held_to)]
     if not missing:
-        return Companions(tuple(sources.items()), f"from the tree {root}", False,
-                          _digests(sources))
+        return Companions(tuple(sources.items()), f"from the tree {root}"
+                          + (f" ({'; '.join(moved)}: moved there from its known home)"
+                             if moved else ""), False, _digests(sources))
     said = (f"the tree says it is {version} ({_rel_version(root, version_files)})" if version
             else f"the tree has no version file, so it is held to the newest pinned release "
                  f"{pinned[-1]}")
@@ -285,7 +317,8 @@ def resolve(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequ
         raise ReleaseError(
             f"{engine}:{root}: the tree lacks {len(missing)} piece(s) of {engine}'s own code the "
             f"gate runs beside the dispatcher file, and {said}: " + "; ".join(lines)
-            + f". If they moved or were renamed, the gate needs to learn the new home; to let "
+            + f". A function that moved is found anywhere in the tree; one that was renamed "
+              f"needs the gate to learn its new name; to let "
               f"{engine} {pinned[-1]}'s own code stand in for them, pass --newest-companions")
     stand_in = package.root_of(package.fetch_release(pinned[-1]))
     for n in missing:

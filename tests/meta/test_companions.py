@@ -90,6 +90,42 @@ def test_a_tree_that_lacks_a_piece_of_its_release_is_refused_by_name(tree, damag
     assert release.companions.standin and "(--newest-companions)" in release.companions.origin
 
 
+def _move_gather(tree, *targets):
+    """``require_mlp_tp_gather`` cut out of ``utils/common.py`` and written into ``targets``."""
+    import ast
+
+    common = _file(tree, sources.COMMON)
+    text = common.read_text()
+    node = next(n for n in ast.parse(text).body
+                if isinstance(n, ast.FunctionDef) and n.name == "require_mlp_tp_gather")
+    lines = text.splitlines(keepends=True)
+    body = "".join(lines[node.lineno - 1:node.end_lineno])
+    common.write_text("".join(lines[:node.lineno - 1] + lines[node.end_lineno:]))
+    for rel in targets:
+        _file(tree, rel).write_text("from sglang.srt.utils.common import *  # noqa\n\n\n" + body)
+
+
+def test_a_helper_upstream_moved_to_a_new_module_is_found_there(tree):
+    """A refactor that moves ``require_mlp_tp_gather()`` out of ``utils/common.py`` into a new
+    module: the tree is judged with it (no refusal, no false alarm), and the header says where
+    it was found."""
+    from dispatcher.sglang.bug_classes import BUG_CLASSES, step_problem
+
+    _move_gather(tree, "sglang/srt/utils/mlp_gather.py")
+    release = load_policy(f"sglang:{tree}")[1]
+    assert "require_mlp_tp_gather() from sglang/srt/utils/mlp_gather.py" in \
+        release.companions.origin
+    _, world, ctx = BUG_CLASSES["collapsed-dp-global"].first_seen
+    assert step_problem(release, world, ctx, release.step(world, ctx)) is None
+
+
+def test_a_helper_defined_in_two_new_modules_is_refused_naming_both(tree):
+    _move_gather(tree, "sglang/srt/utils/mlp_gather.py", "sglang/srt/layers/gather_rules.py")
+    with pytest.raises(PolicyError, match=r"2 modules define it \(sglang/srt/layers/gather_rules.py, "
+                                          r"sglang/srt/utils/mlp_gather.py\)"):
+        load_policy(f"sglang:{tree}")
+
+
 def test_a_tree_is_held_to_the_release_it_says_it_is(tree, monkeypatch):
     """An older tree need not have what came later (0.5.19 had no topology function, only the
     assert), and lacking what its release had (the assert) is refused."""
