@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from .engines import ENGINES
-from .procs import OutputFlood, child_env, python_child, run_bounded
+from .procs import OutputFlood, alive, child_env, python_child, run_bounded
 from .runner import suite_args
 
 __all__ = ["main", "bisect", "BisectError", "GateJudge", "Verdict", "PROPERTIES", "GOOD",
@@ -210,16 +210,6 @@ _PREFIX = "a2a-gate-bisect-"
 _OWNER = "owner.pid"  # beside the worktree: the bisect that made it
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_worktrees(repo: Path) -> List[Path]:
     """Worktrees of ``repo`` that an earlier bisect made and could not remove (it was killed
     with SIGKILL): unregistered and deleted; a running bisect's are left alone."""
@@ -236,7 +226,7 @@ def remove_stale_worktrees(repo: Path) -> List[Path]:
             owner = int((folder / _OWNER).read_text())
         except (OSError, ValueError):
             owner = None
-        if owner is not None and _alive(owner):
+        if owner is not None and alive(owner):
             continue
         _git(repo, "worktree", "remove", "--force", str(tree), check=False)
         shutil.rmtree(folder, ignore_errors=True)

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 
-__all__ = ["DROP_CWD", "die_with_parent", "raise_on_sigterm", "python_child", "child_env", "SOURCE_ROOT",
+__all__ = ["DROP_CWD", "alive", "die_with_parent", "raise_on_sigterm", "python_child", "child_env", "SOURCE_ROOT",
            "run_bounded", "OutputFlood", "MAX_OUTPUT_BYTES", "kill_group",
            "keep_cwd_off_children_paths"]
 
@@ -49,6 +49,17 @@ def child_env(spec: str = "", **extra: str) -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(first + rest), **extra)
 
 _PR_SET_PDEATHSIG = 1
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def die_with_parent() -> None:

@@ -10,9 +10,11 @@ import os
 import pickle
 from typing import List
 
+from ..procs import alive
+
 
 __all__ = ["AgreementAborted", "KernelRefused", "AGREE_TIMEOUT_S", "agree", "rank_value",
-           "one_world", "run_sglang_example", "alive"]
+           "one_world", "run_sglang_example"]
 
 AGREE_TIMEOUT_S = 300.0  # a rank's wait for the others' values (the parent gives up sooner)
 
@@ -29,16 +31,6 @@ class KernelRefused(RuntimeError):
 
 class AgreementAborted(RuntimeError):
     """On a rank: the parent called off the agreement because a peer failed first."""
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def one_world(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec, bypass):

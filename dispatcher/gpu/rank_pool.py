@@ -40,7 +40,8 @@ from multiprocessing.reduction import ForkingPickler
 
 from ..model.generations import active, using
 from . import env
-from .rank_examples import (AgreementAborted, KernelRefused, alive, one_world,
+from ..procs import alive
+from .rank_examples import (AgreementAborted, KernelRefused, one_world,
                             run_sglang_example)
 
 __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",
