@@ -222,7 +222,7 @@ def test_a_failing_run_fails_whatever_the_policy_runs(pytester, late, name, work
     (pytester.path / "conftest.py").write_text(CONFTEST)
     pytester.makepyfile(test_one=ONE_TEST)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", workers,
-                                           f"--policy={name}:rule", "--rule-timeout-s=1",
+                                           f"--policy={name}:rule", "--rule-timeout-s=0.5",
                                            timeout=120)
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, text[-3000:]
@@ -232,7 +232,7 @@ def test_a_failing_run_fails_whatever_the_policy_runs(pytester, late, name, work
 @pytest.mark.parametrize("name", list(LATE))
 def test_the_replay_command_decides_its_own_status(late, name):
     done = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", f"{name}:rule",
-                           "--timeout", "20", "--rule-timeout-s", "1", repr(World(ep_size=2, dp_size=1, group_tokens=(0,),
+                           "--timeout", "20", "--rule-timeout-s", "0.5", repr(World(ep_size=2, dp_size=1, group_tokens=(0,),
                                                           max_num_tokens=4))],
                           capture_output=True, text=True, timeout=60, cwd=SOURCE)
     assert done.returncode == 1, done.stdout + done.stderr
