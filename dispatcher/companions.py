@@ -338,8 +338,9 @@ def _lone(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequen
           engine: str) -> Companions:
     digest = sha256(main)
     pins = package.pins
-    same = [v for v in pinned
-            if any(pins.get(v, {}).get("files", {}).get(rel) == digest for rel in package.main)]
+    same = [v for v in pinned  # any of the release's kept files of that name (a backend's)
+            if any(d == digest and Path(rel).name == main.name
+                   for rel, d in pins.get(v, {}).get("files", {}).items())]
     release = same[-1] if same else pinned[-1]
     try:
         root = package.root_of(package.fetch_release(release))

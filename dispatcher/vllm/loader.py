@@ -482,6 +482,8 @@ def main_path(target: str):
     """``(file, label)`` for ``vllm:TARGET[@two-sided]`` (nothing of it run)."""
     target, side = _split(target)
     path, label = fetch.PACKAGE.main_file(target)
+    if side == "two-sided" and path.name in {Path(rel).name for rel in fetch.TWO_SIDED}:
+        return path, label  # the two-sided file itself, named alone
     if side == "two-sided":
         sibling = next((f for f in (fetch.PACKAGE.companion_file(path, rel)
                                     for rel in fetch.TWO_SIDED) if f is not None), None)

@@ -122,3 +122,28 @@ def test_sequence_parallel_sizes_come_from_the_release_and_are_post_split(releas
             outs = release.step(world)
         assert [o.seen_local_sizes for o in outs] == [[3, 3, 5, 5]] * 4
         assert [o.runtime for o in outs] == [5] * 4
+
+
+@pytest.mark.parametrize("name, side", [("flashinfer_nvlink_one_sided.py", ""),
+                                        ("flashinfer_nvlink_two_sided.py", "@two-sided")])
+def test_a_lone_copy_of_either_backends_file_is_its_release(tmp_path, name, side):
+    """A user's copy of the newest release's one- or two-sided file, alone in a folder: it
+    loads as that release's file (identical bytes: the release's code beside it) and holds
+    every property on a step. The two-sided file was refused as lacking itself "beside" it."""
+    import shutil
+
+    from dispatcher.model.properties import check_all, rule_values
+    from dispatcher.policies import load_policy
+    from dispatcher.vllm import fetch
+    from dispatcher.vllm.loader import companions_of
+
+    newest = RELEASES[-1]
+    cached = fetch.PACKAGE.root_of(fetch.PACKAGE.fetch_release(newest))
+    source = next(cached.rglob(name))
+    shutil.copy(source, tmp_path / name)
+    spec = f"vllm:{tmp_path / name}{side}"
+    with using(ENGINES["vllm"].judged_on(newest)):
+        release = load_policy(spec)[1]
+        assert companions_of(tmp_path / name).origin.startswith(f"identical to vLLM {newest}'s")
+        world = World(ep_size=4, dp_size=4, group_tokens=(1, 2, 3, 4), max_num_tokens=8)
+        check_all(world, rule_values(release, world, spec), spec)
