@@ -246,7 +246,7 @@ class _Probe:
             self._thread.join()
         elif self._policy is not None and not self.error:
             try:
-                self._policy._child.await_ready()
+                self._policy.wait_loaded()
             except PolicyError as exc:
                 self.error = str(exc)
         if self.error:

@@ -398,6 +398,10 @@ class SupervisedPolicy(RemotePolicy):
         self._child, self._key, self._world = child, key, world
         self.spec_text = spec
 
+    def wait_loaded(self) -> None:
+        """Return once the policy has loaded in its process; a ``PolicyError`` saying why not."""
+        self._child.await_ready()
+
     # the checks' entry points
 
     @property
@@ -477,7 +481,7 @@ def load_supervised(spec: str):
     if key not in _BY_SPEC:  # one process per spec and test process, shared by its fixtures
         _BY_SPEC[key] = SupervisedPolicy(spec)
     policy = _BY_SPEC[key]
-    policy._child.await_ready()  # started early (``prestart``): loaded by now, or why not
+    policy.wait_loaded()  # started early (``prestart``): loaded by now, or why not
     return policy
 
 
