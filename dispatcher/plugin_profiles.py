@@ -30,13 +30,20 @@ _leave_hypothesis_unrewritten()
 from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
 
 # --- Hypothesis profiles: registered once, chosen by HYPOTHESIS_PROFILE -------------------
+# Each profile says all it means over Hypothesis's own "default" profile, never over whatever
+# is loaded at import: where CI=true, GITHUB_ACTIONS=true (or another CI's variable) is set,
+# Hypothesis loads its built-in "ci" profile (derandomized, no database), and a profile built
+# on that kept neither the dev profile's random search nor the database that repro replays.
+_base = settings.get_profile("default")
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PROFILES = {
-    "dev": settings(max_examples=200, **_common),
-    "ci": settings(max_examples=300, derandomize=True, print_blob=True, database=None, **_common),
-    "thorough": settings(max_examples=5000, **_common),
-    "gpu": settings(max_examples=60, derandomize=True, print_blob=True, database=None, **_common),
-    "repro": settings(max_examples=1, verbosity=Verbosity.verbose,
+    "dev": settings(_base, max_examples=200, **_common),
+    "ci": settings(_base, max_examples=300, derandomize=True, print_blob=True, database=None,
+                   **_common),
+    "thorough": settings(_base, max_examples=5000, **_common),
+    "gpu": settings(_base, max_examples=60, derandomize=True, print_blob=True, database=None,
+                    **_common),
+    "repro": settings(_base, max_examples=1, verbosity=Verbosity.verbose,
                       phases=[Phase.explicit, Phase.reuse], **_common),
 }
 for _name, _profile in PROFILES.items():

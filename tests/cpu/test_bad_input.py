@@ -275,6 +275,20 @@ def test_the_repro_profile_replays_this_policys_failures_or_refuses(pytester, mo
     assert other.ret == pytest.ExitCode.USAGE_ERROR  # prefix_rule's failures are not its own
 
 
+@pytest.mark.parametrize("ci_variable", ["CI", "GITHUB_ACTIONS"])
+def test_the_profiles_mean_the_same_on_a_ci_runner(ci_variable):
+    """Where a CI's variable is set, Hypothesis loads its own "ci" profile at import; the gate's
+    profiles are built on Hypothesis's "default" one, so dev still searches at random and keeps
+    the database the repro profile replays (on CI runners it kept neither: repro refused)."""
+    probe = ("from dispatcher.plugin_profiles import PROFILES as P; "
+             "print(P['dev'].derandomize, P['dev'].database is None, P['dev'].print_blob, "
+             "P['thorough'].derandomize, P['ci'].derandomize, P['ci'].database is None)")
+    env = {**os.environ, ci_variable: "true"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["False", "False", "False", "False", "True", "True"]
+
+
 def test_installed_runs_keep_their_caches_beside_the_releases(monkeypatch, tmp_path):
     """Installed (no checkout around the suite): pytest's cache and Hypothesis's database go
     under the per-user cache, never into site-packages or the folder the gate runs from."""
