@@ -34,7 +34,8 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 from .wheels import Package, ReleaseError, sha256
 
 __all__ = ["Needed", "Companions", "resolve", "NEWEST_ENV", "newest_allowed", "read_version",
-           "defines", "parse", "companion_function"]
+           "defines", "parse", "companion_function", "module_name", "absolute_module",
+           "module_file", "defining_file"]
 
 NEWEST_ENV = "A2A_GATE_NEWEST_COMPANIONS"
 
@@ -120,14 +121,44 @@ def _module_bindings(tree: ast.Module, name: str):
     return list(walk(tree.body))
 
 
+_MEMOIZERS = ("cache", "lru_cache")  # functools' caches: the function's own value, kept
+
+
+def _memoizer(decorator: ast.expr, tree: ast.Module) -> bool:
+    """Whether ``decorator`` is ``functools.cache`` / ``functools.lru_cache`` (bare or called,
+    as ``functools.X`` under ``import functools`` or ``X`` under ``from functools import X``,
+    neither rebound at the module's level). Such a cache returns what the function returns for
+    the same arguments; in the engine it holds one process's server args, and the gate, which
+    asks for many steps' server args in one process, runs the function itself for each: the
+    answer a process with those args computes."""
+    if isinstance(decorator, ast.Call) and len(decorator.args) <= 2 and all(
+            isinstance(a, ast.Constant) for a in decorator.args) and all(
+            k.arg in ("maxsize", "typed") and isinstance(k.value, ast.Constant)
+            for k in decorator.keywords):
+        decorator = decorator.func
+    if isinstance(decorator, ast.Attribute) and isinstance(decorator.value, ast.Name):
+        module, name = decorator.value.id, decorator.attr
+        bound = _module_bindings(tree, module)
+        return (name in _MEMOIZERS and len(bound) == 1 and isinstance(bound[0], ast.Import)
+                and any(a.name == "functools" and (a.asname or a.name) == module
+                        for a in bound[0].names))
+    if isinstance(decorator, ast.Name) and decorator.id in _MEMOIZERS:
+        bound = _module_bindings(tree, decorator.id)
+        return (len(bound) == 1 and isinstance(bound[0], ast.ImportFrom)
+                and bound[0].module == "functools" and bound[0].level == 0
+                and any(a.name == decorator.id and a.asname is None for a in bound[0].names))
+    return False
+
+
 def _bound_def(tree: ast.Module, name: str, path: Path, before: Optional[int] = None,
                depth: int = 0) -> Optional[ast.FunctionDef]:
     """The ``def`` Python binds to ``name`` when it imports the module (as it stands at line
     ``before``): the last of the module's own top-level bindings of it, where that is a plain
     ``def`` or a rebinding to another name (``name = _other``, followed to ``_other``'s def at
-    that point). ``None`` where the module never binds it; a ``ReleaseError`` naming the lines
-    where the gate cannot tell which object that is (a binding under ``if``/``try``/``with``, an
-    import, a decorator, any other expression), since it never runs another one."""
+    that point), undecorated or under functools' caches alone (``_memoizer``). ``None`` where
+    the module never binds it; a ``ReleaseError`` naming the lines where the gate cannot tell
+    which object that is (a binding under ``if``/``try``/``with``, an import, any other
+    decorator, any other expression), since it never runs another one."""
     bindings = [b for b in _module_bindings(tree, name) if before is None or b.lineno < before]
     if not bindings:
         return None
@@ -140,8 +171,10 @@ def _bound_def(tree: ast.Module, name: str, path: Path, before: Optional[int] = 
         why = (f"binds {name} {len(bindings)} times (lines {lines}), at line {nested[0].lineno} "
                f"under a condition (if/try/with), so which one Python keeps depends on the run")
     elif isinstance(last, ast.FunctionDef):
-        if last.decorator_list:
-            why = f"wraps {name} in a decorator (line {last.lineno})"
+        wrapping = [d for d in last.decorator_list if not _memoizer(d, tree)]
+        if wrapping:
+            why = (f"wraps {name} in a decorator ({ast.unparse(wrapping[0])}, line "
+                   f"{last.lineno}) that is not one of functools' caches")
         else:
             return last
     elif (isinstance(last, ast.Assign) and len(last.targets) == 1
@@ -197,6 +230,9 @@ class Needed:
     until: Optional[str] = None  # the last pinned release that has it (None: still there)
     decides: str = ""  # what it decides, for messages
     finder: Optional[Callable[[Path], bool]] = None  # for a check that is no function
+    # the files of the tree that import it (the dispatcher file, the scheduler, ...): where
+    # their imports lead is where the engine takes it from, whatever its homes say
+    imported_by: Tuple[str, ...] = ()
 
     def found_in(self, path: Path) -> bool:
         return self.finder(path) if self.finder else defines(path, self.key)
@@ -221,6 +257,9 @@ class Companions:
     key: Tuple[Tuple[str, str], ...]  # (key, sha256 of its file): what the behaviour rests on
     tag: str = ""  # where stand-ins answer: "SGLang 0.5.23's, standing in", for each source line
     replay_flag: str = ""  # " --newest-companions" where the replay line needs it
+    # Needed.key -> the modules the tree's files import it from (the stand-in that runs the
+    # piece is put there too, so a file importing it from a new module reaches it)
+    imports: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
 
     def source(self, key: str) -> Optional[Path]:
         return dict(self.sources).get(key)
@@ -277,6 +316,119 @@ def _moved(needed: Needed, root: Path, top: str) -> Optional[Path]:
     return found[0] if found else None
 
 
+# --- following the tree's imports, as Python would -------------------------------------------
+def module_name(root: Path, path: Path) -> str:
+    """The dotted name Python imports ``path`` as, in the tree at ``root``."""
+    try:
+        rel = Path(path).relative_to(root).with_suffix("")
+    except ValueError:
+        return Path(path).stem
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def absolute_module(root: Path, importer: Path, module: str, level: int) -> str:
+    """The absolute name of ``from <level dots><module> import ...`` written in ``importer``."""
+    if not level:
+        return module
+    own = module_name(root, importer).split(".")
+    package = own if Path(importer).name == "__init__.py" else own[:-1]
+    base = package[:len(package) - (level - 1)] if level > 1 else package
+    return ".".join(base + ([module] if module else []))
+
+
+def module_file(root: Path, module: str) -> Optional[Path]:
+    """The file of module ``module`` in the tree at ``root`` (``a/b.py`` or ``a/b/__init__.py``),
+    or None where the tree does not hold it."""
+    rel = Path(*module.split("."))
+    for candidate in (Path(root) / rel.with_suffix(".py"), Path(root) / rel / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports_of(tree: ast.Module, name: str):
+    """``(module, level)`` of every ``from M import name`` in the file, at its own level and
+    inside functions alike (an engine imports a helper where it calls it), in file order."""
+    return [(node.module or "", node.level) for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names)]
+
+
+def _exported(tree: ast.Module, name: str) -> bool:
+    """Whether ``from <this module> import *`` binds ``name``: it is in a literal ``__all__``,
+    or, with none, public."""
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                  for t in node.targets)):
+            try:
+                return name in ast.literal_eval(node.value)
+            except ValueError:
+                return not name.startswith("_")
+    return not name.startswith("_")
+
+
+def defining_file(root: Path, path: Path, name: str, depth: int = 0) -> Optional[Path]:
+    """The file whose own binding of ``name`` (a def, an assignment: not an import) Python
+    reaches when it imports ``name`` from the module at ``path``: ``path`` itself, or where its
+    ``from M import name`` (its last top-level binding of the name) or a star import leads, in
+    the tree. None where the tree does not hold that file or binds no such name."""
+    if depth > 16:  # an import loop: Python would fail to import it too
+        return None
+    tree = parse(path)
+    bindings = [b for b in _module_bindings(tree, name) if b in tree.body]
+    if bindings:
+        last = bindings[-1]
+        if not isinstance(last, ast.ImportFrom):
+            return Path(path)
+        target = module_file(root, absolute_module(root, path, last.module or "", last.level))
+        original = next(a.name for a in last.names if (a.asname or a.name) == name)
+        return None if target is None else defining_file(root, target, original, depth + 1)
+    for node in reversed(tree.body):  # the last star import that binds it wins
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            target = module_file(root, absolute_module(root, path, node.module or "", node.level))
+            if target is not None and _exported(parse(target), name):
+                found = defining_file(root, target, name, depth + 1)
+                if found is not None:
+                    return found
+    return None
+
+
+@dataclass(frozen=True)
+class _Imported:
+    file: Path  # where the tree's imports of the piece lead
+    modules: Tuple[str, ...]  # the modules its files import it from
+    importers: Tuple[str, ...]  # those files, relative to the tree
+
+
+def _imported(needed: Needed, root: Path) -> Optional[_Imported]:
+    """Where the files that import ``needed`` (``Needed.imported_by``) take it from in the tree
+    at ``root``: None where none of them imports it from a module the tree holds. Two files
+    whose imports lead to two different definitions are a ``ReleaseError`` naming both (the
+    engine would run two functions where the gate runs one)."""
+    leads: Dict[Path, list] = {}
+    modules = []
+    for rel in needed.imported_by:
+        importer = Path(root) / rel
+        if not importer.is_file():
+            continue
+        for module, level in _imports_of(parse(importer), needed.key):
+            absolute = absolute_module(root, importer, module, level)
+            target = module_file(root, absolute)
+            found = None if target is None else defining_file(root, target, needed.key)
+            if found is not None:
+                leads.setdefault(found, []).append(rel)
+                modules.append(absolute)
+    if not leads:
+        return None
+    if len(leads) > 1:
+        shown = "; ".join(f"{', '.join(sorted(set(by)))} import it from "
+                          f"{Path(f).relative_to(root)}" for f, by in leads.items())
+        raise ReleaseError(f"{root}: {needed.shown} is defined twice and the tree's files import "
+                           f"both ({shown}): the engine runs two functions where the gate runs "
+                           f"one")
+    (found, by), = leads.items()
+    return _Imported(found, tuple(dict.fromkeys(modules)), tuple(dict.fromkeys(by)))
+
+
 def _digests(sources: Dict[str, Optional[Path]]) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted((k, sha256(p)) for k, p in sources.items() if p is not None))
 
@@ -290,23 +442,23 @@ def resolve(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequ
     root = package.root_of(main)
     if root is None:
         return _lone(package, main, needed, pinned, engine)
-    sources = {n.key: _find(n, root) for n in needed}
+    sources, imports, moved = _located(needed, root)
     if release is not None:
         return Companions(tuple(sources.items()), f"from {engine} {release}'s own files", False,
-                          _digests(sources))
+                          _digests(sources), imports=imports)
     version = read_version(root, version_files) or package.wheel_version(root)
     held_to = version or pinned[-1]
-    moved = []
     for n in needed:
         if sources[n.key] is None and n.expected_in(held_to):
             sources[n.key] = _moved(n, root, package.module or package.name)
             if sources[n.key] is not None:
-                moved.append(f"{n.shown} from {sources[n.key].relative_to(root)}")
+                moved.append(f"{n.shown} from {sources[n.key].relative_to(root)}: moved there "
+                             f"from its known home")
     missing = [n for n in needed if sources[n.key] is None and n.expected_in(held_to)]
     if not missing:
         return Companions(tuple(sources.items()), f"from the tree {root}"
-                          + (f" ({'; '.join(moved)}: moved there from its known home)"
-                             if moved else ""), False, _digests(sources))
+                          + (f" ({'; '.join(moved)})" if moved else ""), False,
+                          _digests(sources), imports=imports)
     said = (f"the tree says it is {version} ({_rel_version(root, version_files)})" if version
             else f"the tree has no version file, so it is held to the newest pinned release "
                  f"{pinned[-1]}")
@@ -327,7 +479,25 @@ def resolve(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequ
     return Companions(tuple(sources.items()),
                       f"from the tree {root}, except {names}: missing there, {engine} "
                       f"{pinned[-1]}'s stand in (--newest-companions)", True, _digests(sources),
-                      f"{engine} {pinned[-1]}'s, standing in", " --newest-companions")
+                      f"{engine} {pinned[-1]}'s, standing in", " --newest-companions",
+                      imports=imports)
+
+
+def _located(needed: Sequence[Needed], root: Path):
+    """Each piece's file in the tree: where the tree's own imports of it lead (``_imported``),
+    else its known homes; with the modules it is imported from, and a note for each piece the
+    imports found away from its homes."""
+    sources, imports, notes = {}, [], []
+    for n in needed:
+        via = _imported(n, root) if n.imported_by else None
+        sources[n.key] = via.file if via is not None else _find(n, root)
+        if via is not None:
+            imports.append((n.key, via.modules))
+            rel = via.file.relative_to(root).as_posix()
+            if rel not in n.files:
+                notes.append(f"{n.shown} from {rel}, where {', '.join(via.importers)} "
+                             f"import{'s' if len(via.importers) == 1 else ''} it from")
+    return sources, tuple(imports), notes
 
 
 def _rel_version(root: Path, version_files: Sequence[str]) -> str:
@@ -347,11 +517,11 @@ def _lone(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequen
     except ReleaseError as exc:
         raise ReleaseError(f"{engine}:{main} is a lone file: the gate runs {engine} {release}'s "
                            f"companion files beside it, and they cannot be had: {exc}") from None
-    sources = {n.key: _find(n, root) for n in needed}
+    sources, imports, _ = _located(needed, root)
     if same:
         origin = f"identical to {engine} {release}'s file; its companions from the release"
     else:
         origin = (f"a lone file matching no pinned release: {engine} {release}'s companion "
                   f"files stand in for its own")
     return Companions(tuple(sources.items()), origin, not same, _digests(sources),
-                      "" if same else f"{engine} {release}'s, standing in")
+                      "" if same else f"{engine} {release}'s, standing in", imports=imports)

@@ -9,6 +9,7 @@ over ``unittest.mock.patch.dict(sys.modules, ...)``), holding ``MODULE_TABLE`` m
 """
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import threading
 import types
@@ -19,7 +20,8 @@ from typing import Dict, Mapping
 from .model.payloads import PayloadFormat, dispatch_payloads
 from .wheels import ReleaseError
 
-__all__ = ["Launched", "StandIn", "Unmodelled", "UnmodelledCode", "UnmodelledModule", "FlashInferStandIn", "build_modules", "flashinfer_api",
+__all__ = ["Launched", "StandIn", "Unmodelled", "UnmodelledCode", "UnmodelledModule",
+           "UnmodelledFinder", "FlashInferStandIn", "build_modules", "flashinfer_api",
            "quantized_zeros", "fp4_quantize", "mxfp8_quantize", "identity", "MODULE_TABLE",
            "reentrant", "exec_engine_file"]
 
@@ -70,11 +72,12 @@ def exec_engine_file(path: Path, module_name: str, sandbox, spec_name: str):
 
 
 class UnmodelledCode(ReleaseError):
-    """The release used a name of a vLLM module the gate neither runs nor stands in."""
+    """The release used a name of one of the engine's modules the gate neither runs nor stands
+    in: not judged, never blamed on the engine."""
 
 
 class Unmodelled:
-    """A name of a vLLM module the gate does not run: any use raises ``UnmodelledCode``."""
+    """A name of an engine module the gate does not run: any use raises ``UnmodelledCode``."""
 
     def __init__(self, qualname: str):
         object.__setattr__(self, "_qualname", qualname)
@@ -100,12 +103,35 @@ class Unmodelled:
 
 
 class UnmodelledModule(types.ModuleType):
-    """A vLLM module the gate does not run: its names are ``Unmodelled``."""
+    """An engine module the gate does not run: its names are ``Unmodelled``."""
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
         return Unmodelled(f"{self.__name__}.{name}")
+
+
+class UnmodelledFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds every module of the engine's package (``prefix``, ``prefix.*``) that nothing else
+    provides, as an ``UnmodelledModule``: a release may import a module of its own that it never
+    uses on the path the gate runs, and that import then simply works (put last on
+    ``sys.meta_path`` while the engine's sandbox is in place)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def find_spec(self, name, path=None, target=None):
+        if name == self.prefix or name.startswith(self.prefix + "."):
+            return importlib.util.spec_from_loader(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = UnmodelledModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
 
 
 class Launched(Exception):

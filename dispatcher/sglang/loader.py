@@ -28,9 +28,9 @@ from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..companions import Companions, companion_function, resolve
+from ..companions import Companions, companion_function, defines, resolve
 from ..engine_tensors import stand_in_rows
-from ..standins import exec_engine_file, reentrant
+from ..standins import UnmodelledCode, UnmodelledFinder, exec_engine_file, reentrant
 from . import fetch
 from .forward import ReleaseCodeError
 from .report import (EMPTY_LIST, Outcome, SGLangAssertion,  # noqa: F401 - re-exported
@@ -44,9 +44,12 @@ __all__ = ["Outcome", "SGLangRelease", "BoundStep", "SGLangAssertion", "load_rel
            "release_from_spec"]
 
 
+_FINDER = UnmodelledFinder("sglang")  # every sglang.* module the stand-ins do not hold
+
+
 @reentrant
 @contextmanager
-def _sandbox(flashinfer: str = "recorder"):
+def _sandbox(flashinfer: str = "recorder", imports: tuple = ()):
     """The stand-in modules, and torch's allocators sending "cuda" tensors to the CPU (old
     releases pre-allocate dummy tensors on "cuda" in __init__; their values are never read,
     and a recorder run must not initialise CUDA in every xdist worker of a GPU host).
@@ -54,7 +57,8 @@ def _sandbox(flashinfer: str = "recorder"):
     the kernels over gloo, tensors on the CPU) or "real" (the GPU pool: FlashInfer is real,
     tensors stay on the GPU and SGLang's
     ``torch.cuda.device_count()`` (its MNNVL ``gpus_per_node``) is the world's ep_size, the
-    pool's one node."""
+    pool's one node. ``imports``: where the tree's files import SGLang's own code from
+    (``Companions.imports``), so its stand-ins answer there too."""
     import torch
 
     def to_cpu(fn):
@@ -65,7 +69,8 @@ def _sandbox(flashinfer: str = "recorder"):
         return inner
 
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.dict(sys.modules, stand_in_modules(flashinfer)))
+        stack.enter_context(mock.patch.dict(sys.modules, stand_in_modules(flashinfer, imports)))
+        stack.enter_context(mock.patch.object(sys, "meta_path", sys.meta_path + [_FINDER]))
         if flashinfer != "real":  # the recorder never touches a GPU, even on a GPU host
             for name in ("empty", "full", "zeros", "ones"):
                 stack.enter_context(mock.patch.object(torch, name, to_cpu(getattr(torch, name))))
@@ -110,8 +115,13 @@ class SGLangRelease(EnginePolicy):
         ``flashinfer.comm`` differ by generation), executed once per generation."""
         version = active().version
         if version not in self.loaded:
-            self.loaded[version] = _exec(self.path, self.sha256, self.flashinfer, version)
+            self.loaded[version] = _exec(self.path, self.sha256, self.flashinfer, version,
+                                         self._imports)
         return self.loaded[version]
+
+    @property
+    def _imports(self) -> tuple:
+        return self.companions.imports if self.companions else ()
 
     @property
     def sources(self) -> Dict[str, str]:
@@ -198,7 +208,7 @@ class SGLangRelease(EnginePolicy):
         state = _State(world, rank, ctx, self.hooks)
         token = current.set(state)
         try:
-            with _sandbox(self.flashinfer):  # sglang.* is imported lazily in calls too
+            with _sandbox(self.flashinfer, self._imports):  # sglang.* is imported in calls too
                 yield state
         finally:
             current.reset(token)
@@ -327,6 +337,8 @@ class SGLangRelease(EnginePolicy):
                 return Outcome(routed_around=True, seen_dp_global=state.seen_dp_global)
             except (KeyboardInterrupt, GateInterrupt):  # the gate stopped the call
                 raise
+            except UnmodelledCode:  # code the gate cannot run: not judged, never SGLang's verdict
+                raise
             except BaseException as exc:  # noqa: BLE001 - SGLang's own verdict, whatever it raised
                 return Outcome(error=f"{type(exc).__name__}: {exc}",
                                seen_dp_global=state.seen_dp_global)
@@ -344,7 +356,7 @@ class SGLangRelease(EnginePolicy):
 
     def step(self, world: World, ctx: SGLangContext = SGLangContext()) -> List[Outcome]:
         """Every EP rank's outcome for one step."""
-        with _sandbox(self.flashinfer):
+        with _sandbox(self.flashinfer, self._imports):
             return [self.outcome(world, r, ctx) for r in range(world.ep_size)]
 
 
@@ -412,11 +424,14 @@ def load_release(path, label: Optional[str] = None, flashinfer: str = "recorder"
         raise fetch.ReleaseError(f"sglang:{path}: expected SGLang's flashinfer.py, an SGLang "
                                  f"checkout, a wheel or a release version")
     digest = fetch.sha256(path)
-    module = _exec(path, digest, flashinfer, active().version)  # the file itself first
+    not_ours = fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
+                                  f"not SGLang's token_dispatcher/flashinfer.py")
+    if not defines(path, "FlashinferDispatcher"):  # read, not run: before its companions
+        raise not_ours
+    companions = companions_of(path)  # where the tree's imports lead: nothing of it run
+    module = _exec(path, digest, flashinfer, active().version, companions.imports)
     if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
-        raise fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
-                                 f"not SGLang's token_dispatcher/flashinfer.py")
-    companions = companions_of(path)
+        raise not_ours
     key = (digest, companions.key, flashinfer, label or str(path))
     if key in _LOADED:
         return _LOADED[key]
@@ -435,12 +450,15 @@ def load_release(path, label: Optional[str] = None, flashinfer: str = "recorder"
 _MODULES: Dict[tuple, types.ModuleType] = {}
 
 
-def _exec(path: Path, digest: str, flashinfer: str, version: str) -> types.ModuleType:
-    """The file executed against one FlashInfer generation (once per content per process)."""
+def _exec(path: Path, digest: str, flashinfer: str, version: str, imports: tuple = ()
+          ) -> types.ModuleType:
+    """The file executed against one FlashInfer generation (once per content per process and
+    per place the tree's imports lead)."""
     name = f"_a2a_gate_sglang_{digest[:16]}_{flashinfer}_{version.replace('.', '_')}"
-    if name not in _MODULES:
-        _MODULES[name] = exec_engine_file(path, name, _sandbox(flashinfer), "sglang")
-    return _MODULES[name]
+    if (name, imports) not in _MODULES:
+        _MODULES[name, imports] = exec_engine_file(path, name, _sandbox(flashinfer, imports),
+                                                   "sglang")
+    return _MODULES[name, imports]
 
 
 def main_path(target: str):

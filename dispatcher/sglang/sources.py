@@ -18,7 +18,7 @@ __all__ = ["RELEASES", "RELEASE_FILE", "COMMON", "OVERRIDES", "DP_ATTN", "SPEC_I
            "SERVER_ARGS", "VERSION_FILES", "COMPANIONS", "NEEDED", "TOPOLOGY_ASSERT",
            "FORWARD_BATCH", "DP_ATTENTION", "DECODE_RUNNERS", "RUNNER_BASE", "RUNNER_PACKAGE", "PADDING_METHOD",
            "BUCKET_METHODS", "PADDING", "rel_path", "BUCKET_CHOICE", "DRAFT_RUNNER", "DRAFT_METHODS",
-           "DRAFT_BUCKET_CHOICE", "flashinfer_assert"]
+           "DRAFT_BUCKET_CHOICE", "flashinfer_assert", "GATHER_IMPORTERS"]
 
 # Every release on the package index whose dispatcher file differs from the one before
 # (0.5.11 = 0.5.10, 0.5.21 = 0.5.20, byte for byte).
@@ -95,17 +95,22 @@ def rel_path(path: Path) -> str:
     return p[p.index("sglang/srt/"):] if "sglang/srt/" in p else p
 
 
+# The files whose imports of a piece say where the engine takes it from (``Needed.imported_by``):
+# the dispatcher file, the scheduler's gather, the forward batch and the CUDA-graph runners.
+GATHER_IMPORTERS = (RELEASE_FILE,) + DP_ATTN + (FORWARD_BATCH,) + DECODE_RUNNERS + (DRAFT_RUNNER,)
+
 NEEDED = (
     Needed("require_mlp_tp_gather", (COMMON,), "0.5.10",
-           decides="whether the scheduler gathers every DP group's count"),
+           decides="whether the scheduler gathers every DP group's count",
+           imported_by=GATHER_IMPORTERS),
     Needed("_update_gather_batch", DP_ATTN, "0.5.10",
            decides="the list get_dp_global_num_tokens() returns"),
     Needed("spec_scale_global_num_tokens", (SPEC_INFO,), "0.5.16",
-           decides="a speculative forward's counts"),
+           decides="a speculative forward's counts", imported_by=(FORWARD_BATCH,)),
     Needed("should_skip_scheduler_all_gather", DP_ATTN, "0.5.19",
            decides="whether the DP all-gather runs"),
     Needed("flashinfer_a2a_max_dispatch_tokens_per_rank", (OVERRIDES,), "0.5.22",
-           decides="the A2A cap the server derives"),
+           decides="the A2A cap the server derives", imported_by=(RELEASE_FILE,)),
     Needed(TOPOLOGY_ASSERT, (MOE_HOOK, SERVER_ARGS), "0.5.13",  # 0.5.23's calls the function
            decides="which topologies may use FlashInfer's A2A",
            finder=lambda p: flashinfer_assert(p) is not None),

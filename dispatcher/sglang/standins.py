@@ -385,22 +385,34 @@ def _table() -> Dict[str, Dict[str, object]]:
     }
 
 
-def stand_in_modules(flashinfer: str = "recorder") -> Dict[str, types.ModuleType]:
+def stand_in_modules(flashinfer: str = "recorder", imports: tuple = ()
+                     ) -> Dict[str, types.ModuleType]:
     """Every module SGLang's dispatcher file imports, as stand-ins (for ``sys.modules``).
     ``flashinfer``: "recorder" (``MoeAlltoAll`` records and stops at the launch); "emulated"
     (the CPU rank pool: ``gpu.emulated.EmulatedMoeAlltoAll``, the exact model over gloo);
     "real" (FlashInfer's own modules answer, and SGLang's comm backend runs over
-    torch.distributed). FlashInfer's modules offer the names of the generation under test."""
+    torch.distributed). FlashInfer's modules offer the names of the generation under test.
+    ``imports`` (``Companions.imports``: a piece of SGLang's code -> the modules the tree's
+    files import it from) puts the stand-in that runs that piece in those modules too, so a
+    tree importing a helper from a new module reaches the helper. A name of SGLang's own
+    modules that the table lacks, and any module of SGLang's it does not hold, import as
+    ``Unmodelled`` (``UnmodelledFinder``): using one stops the call by name, not judged."""
     from ..model.generations import active
 
-    return _stand_in_modules(flashinfer, active().version)
+    return _stand_in_modules(flashinfer, active().version, imports)
 
 
-@functools.lru_cache(maxsize=None)
-def _stand_in_modules(flashinfer: str, version: str) -> Dict[str, types.ModuleType]:
+@functools.lru_cache(maxsize=64)
+def _stand_in_modules(flashinfer: str, version: str, imports: tuple = ()
+                      ) -> Dict[str, types.ModuleType]:
     from ..flashinfer.api import api
 
     table = _table()
+    runs = {name: value for attrs in table.values() for name, value in attrs.items()}
+    for key, modules in imports:
+        for module in modules:
+            if key in runs:
+                table[module] = dict(table.get(module, {}), **{key: runs[key]})
     names = api(version).comm_names  # what this release's flashinfer.comm binds
     table["flashinfer.comm"] = {n: a for n, a in table["flashinfer.comm"].items() if n in names}
     if flashinfer == "real":
@@ -415,7 +427,7 @@ def _stand_in_modules(flashinfer: str, version: str) -> Dict[str, types.ModuleTy
                                             MoeAlltoAll=EmulatedMoeAlltoAll)
     elif flashinfer != "recorder":
         raise ValueError(f"flashinfer={flashinfer!r}: recorder, emulated or real")
-    return build_modules(table, "sglang", version)
+    return build_modules(table, "sglang", version, lenient=True)
 
 
 def stand_in_globals() -> Dict[str, object]:

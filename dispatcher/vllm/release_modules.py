@@ -14,7 +14,6 @@ gate reports as code it cannot run, never as vLLM's failure.
 from __future__ import annotations
 
 import dataclasses
-import importlib.abc
 import importlib.util
 import sys
 import types
@@ -24,7 +23,7 @@ from typing import Dict, Optional
 from unittest import mock
 
 from ..standins import (Launched, Unmodelled, UnmodelledCode,  # noqa: F401
-                        UnmodelledModule, flashinfer_api)
+                        UnmodelledFinder, flashinfer_api)
 from ..wheels import ReleaseError
 from .fetch import RELEASE_MODULES
 
@@ -36,24 +35,7 @@ MANAGER_CLASSES = {"one-sided": "FlashInferNVLinkOneSidedManager",
                    "two-sided": "FlashInferNVLinkTwoSidedManager"}
 
 
-class _UnmodelledFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds every ``vllm.*`` module nothing else provides, as an ``UnmodelledModule``."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "vllm" or name.startswith("vllm."):
-            return importlib.util.spec_from_loader(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = UnmodelledModule(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-_FINDER = _UnmodelledFinder()
+_FINDER = UnmodelledFinder("vllm")  # every vllm.* module nothing else provides
 
 
 # --- what cannot run on a CPU: the EP group's process groups --------------------------------

@@ -119,7 +119,7 @@ def test_a_rule_exiting_in_the_replay_command_is_a_violation(tmp_path, monkeypat
                                          ("import sys\nsys.exit(0)\n", "raised SystemExit")])
 def test_an_engine_file_that_exits_at_load_is_a_usage_error(pytester, tmp_path, body, words):
     engine = tmp_path / "flashinfer.py"
-    engine.write_text(body)
+    engine.write_text(body + "\n\nclass FlashinferDispatcher:\n    pass\n")  # read as SGLang's
     _assert_usage_error(pytester, f"sglang:{engine}", words)
 
 
@@ -360,7 +360,7 @@ def test_a_module_that_prints_without_end_at_import_is_stopped_at_once(hostile, 
 
 def test_the_verdicts_command_loads_a_file_in_a_child_first(tmp_path):
     engine = tmp_path / "flashinfer.py"
-    engine.write_text("import os\nos._exit(0)\n")
+    engine.write_text("import os\nos._exit(0)\n\n\nclass FlashinferDispatcher:\n    pass\n")
     done = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", f"sglang:{engine}"],
                           capture_output=True, text=True, timeout=120, cwd=SOURCE)
     assert done.returncode == 2 and "ended the process" in done.stderr, done.stdout + done.stderr

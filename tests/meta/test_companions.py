@@ -41,6 +41,20 @@ def test_the_table_is_what_every_pinned_release_has(engine, package, needed, rel
                 f", the table says {piece.since}..{piece.until or 'now'}"
 
 
+def test_every_pinned_release_imports_each_piece_from_its_home():
+    """Following a pinned release's own imports (the dispatcher file, the scheduler's gather,
+    the forward batch, the runners) leads each piece to the home the table names: the two
+    ways of finding the engine's code agree wherever both apply."""
+    from dispatcher.companions import _find, _imported
+
+    for version in sources.RELEASES:
+        root = _root(fetch.PACKAGE, version)
+        for piece in (p for p in sources.NEEDED if p.imported_by):
+            via = _imported(piece, root)
+            home = _find(piece, root) if piece.expected_in(version) else None
+            assert (via.file if via else None) == home, (version, piece.key)
+
+
 @pytest.fixture
 def tree(tmp_path):
     """A checkout-shaped copy of the newest SGLang release, as a user's checkout holds it."""
@@ -201,6 +215,41 @@ def test_a_companion_function_runs_nothing_of_its_file_but_its_body(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("head, decorator", [
+    ("import functools\n", "@functools.lru_cache(maxsize=None)"),
+    ("import functools\n", "@functools.cache"),
+    ("from functools import lru_cache\n", "@lru_cache"),
+    ("from functools import lru_cache\n", "@lru_cache(64)"),
+    ("import functools as ft\n", "@ft.cache"),
+])
+def test_a_companion_under_functools_cache_is_run_as_its_own_function(tmp_path, head, decorator):
+    """functools' caches return what the function returns: the gate runs the function itself
+    (the #27945 fix undone under ``@lru_cache`` still fails), for each step's server args."""
+    from dispatcher.companions import companion_function
+
+    src = tmp_path / "common.py"
+    src.write_text(f"{head}\n{decorator}\ndef require_mlp_tp_gather(flag=False):\n    return flag\n")
+    fn = companion_function(src, "require_mlp_tp_gather", {})
+    assert fn() is False and fn(True) is True  # no cache between the gate's calls
+
+
+@pytest.mark.parametrize("head, decorator", [
+    ("import functools\n", "@functools.wraps(print)"),
+    ("from mycache import lru_cache\n", "@lru_cache"),  # a look-alike of the user's
+    ("import functools\nfunctools = None\n", "@functools.cache"),  # rebound
+    ("from functools import lru_cache\nlru_cache = print\n", "@lru_cache"),
+    ("from functools import lru_cache\n", "@lru_cache(maxsize=size())"),
+])
+def test_a_companion_under_another_decorator_is_refused(tmp_path, head, decorator):
+    from dispatcher.companions import companion_function
+    from dispatcher.wheels import ReleaseError
+
+    src = tmp_path / "common.py"
+    src.write_text(f"{head}\n{decorator}\ndef require_mlp_tp_gather(flag=False):\n    return flag\n")
+    with pytest.raises(ReleaseError, match="wraps require_mlp_tp_gather in a decorator"):
+        companion_function(src, "require_mlp_tp_gather", {})
+
+
 @pytest.mark.parametrize("how", [
     "def require_mlp_tp_gather(server_args=None):\n    return True\n",  # a second def later
     "def _other(server_args=None):\n    return True\nrequire_mlp_tp_gather = _other\n",
@@ -236,19 +285,24 @@ def test_a_companion_python_would_resolve_at_run_time_is_refused(tmp_path, how, 
         companion_function(src, "require_mlp_tp_gather", {})
 
 
-def test_the_27945_tree_fails_however_the_function_is_written(tree):
+@pytest.mark.parametrize("written", ["a second def", "under functools.lru_cache"])
+def test_the_27945_tree_fails_however_the_function_is_written(tree, written):
     """SGLang #27945 (FlashInfer left out of require_mlp_tp_gather()'s gather) written as a
-    second def at the end of common.py: Python runs that one, and so does the gate. 0.5.23's
-    dispatcher asserts on the collapsed list it is then handed, in a step where a valid
-    runtime exists: the engine tier fails it."""
+    second def at the end of common.py, or as a cached def: Python runs that one, and so does
+    the gate. 0.5.23's dispatcher asserts on the collapsed list it is then handed, in a step
+    where a valid runtime exists: the engine tier fails it."""
     from dispatcher.sglang.bug_classes import BUG_CLASSES, step_problem
 
     _, world, ctx = BUG_CLASSES["collapsed-dp-global"].first_seen
     release = load_policy(f"sglang:{tree}")[1]
     assert step_problem(release, world, ctx, release.step(world, ctx)) is None
     path = _file(tree, sources.COMMON)
-    path.write_text(path.read_text() + "\n\ndef require_mlp_tp_gather(*, moe_a2a_backend=None):\n"
-                    "    return False\n")
+    head = "def require_mlp_tp_gather(*, moe_a2a_backend=None):\n"
+    if written == "a second def":
+        path.write_text(path.read_text() + "\n\n" + head + "    return False\n")
+    else:
+        path.write_text(path.read_text().replace(
+            head, "@functools.lru_cache(maxsize=None)\n" + head + "    return False\n", 1))
     release = load_policy(f"sglang:{tree}")[1]
     problem = step_problem(release, world, ctx, release.step(world, ctx))
     assert problem is not None and "raised" in problem, problem
