@@ -26,24 +26,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .procs import Terminated, child_env, die_with_parent, python_child
+from .procs import Terminated, child_env, die_with_parent, python_child, seconds_arg as _seconds
 
 OK, VIOLATED, BAD_INPUT, INTERNAL = 0, 1, 2, 3
 DEFAULT_POLICY = "dispatcher.sizing:ideal_rule"
 TIMEOUT_ENV = "A2A_GATE_REPLAY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
-
-
-def _seconds(text: str) -> float:
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the seconds must be a positive number")
-    return value
 
 
 def parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 
-__all__ = ["DROP_CWD", "alive", "die_with_parent", "raise_on_sigterm", "python_child", "child_env", "SOURCE_ROOT",
+__all__ = ["seconds_arg", "DROP_CWD", "alive", "die_with_parent", "raise_on_sigterm", "python_child", "child_env", "SOURCE_ROOT",
            "run_bounded", "OutputFlood", "MAX_OUTPUT_BYTES", "kill_group",
            "keep_cwd_off_children_paths"]
 
@@ -151,3 +151,17 @@ def keep_cwd_off_children_paths(spec: str) -> None:
     nor where the user set ``PYTHONSAFEPATH`` themselves."""
     if not _named_in_cwd(spec):
         os.environ.setdefault("PYTHONSAFEPATH", "1")
+
+
+def seconds_arg(text: str) -> float:
+    """An argparse ``type``: a positive, finite number of seconds."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the seconds must be a positive number")
+    return value

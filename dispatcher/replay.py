@@ -58,6 +58,9 @@ def replay(world_text: str, spec: str, context_text: str = "") -> int:
         print(f"world:\n{world.describe()}\n{name}: not a step of this release ({exc}); "
               f"nothing to check")
         return OK
+    except properties.PropertyViolation as exc:  # its code crashed, exited or hung in the step
+        print(f"{exc}\nworld:\n{world.describe()}")
+        return VIOLATED
     try:
         if sglang:
             policy = policy.bind(world, ctx)

@@ -58,7 +58,8 @@ def deadline_s() -> float:
 
 
 class PolicyProcessLost(BaseException):
-    """The child running the policy ended, or was killed at its deadline, without answering.
+    """The child running the policy ended, was killed at its deadline, or had a call stopped by
+    its own timer (``--rule-timeout-s``), without answering.
 
     A ``BaseException``, as a ``KeyboardInterrupt`` is: Hypothesis does not shrink it (each
     replay would start a fresh process and wait out the deadline again), so the test fails at
@@ -147,6 +148,9 @@ def _serve(fd_in: int, fd_out: int, spec: str) -> None:
                 answer = ("ok", _answer(policy, bound, op, args))
         except KeyboardInterrupt:
             return
+        except (CallTimedOut, properties.RuleHung) as exc:  # stopped by its own timer
+            answer = ("hung", f"[slow rule] {exc} (--rule-timeout-s): stopped"
+                      if isinstance(exc, CallTimedOut) else str(exc))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back as an answer
             answer = ("raise", _portable(_as_verdict(exc)))
         try:
@@ -175,8 +179,6 @@ def _plain(value) -> bool:
 
 
 def _as_verdict(exc: BaseException) -> BaseException:
-    if isinstance(exc, CallTimedOut):
-        return properties.SlowRule(f"[slow rule] {exc} (--rule-timeout-s): stopped")
     if isinstance(exc, GateInterrupt):  # os._exit or a fork inside an engine method
         return properties.RuleCrashed(f"[rule crashed] {exc}: the gate kept the process (an "
                                       f"exit from a policy never passes for a verdict)")
@@ -316,6 +318,9 @@ class _Child:
         status, payload = self._receive(deadline_s(), what)
         if status == "raise":
             raise payload
+        if status == "hung":  # its timer stopped a call: later calls get the short limit
+            CALL_TIMEOUT.tripped = True
+            raise _Hung(payload)
         return payload
 
     def _receive(self, seconds: float, what: str):
@@ -367,6 +372,10 @@ class _Died(Exception):
                 f"answering; its last output:\n    " + self.tail.replace("\n", "\n    "))
 
 
+class _Hung(Exception):
+    """A call the child's own timer stopped (``CallTimedOut``): the child lives on."""
+
+
 class _Timeout(Exception):
     def __init__(self, seconds, what, tail):
         super().__init__(seconds, what, tail)
@@ -413,6 +422,8 @@ class SupervisedPolicy(RemotePolicy):
         try:
             return self._child.request("rule_values", self._key, world, name,
                                        what="a call on this world")
+        except _Hung as exc:  # the message already shows the world
+            raise PolicyProcessLost(str(exc)) from None
         except (_Died, _Timeout, _Flood) as exc:
             raise _lost(exc, name, properties.explain(world, ["<no answer>"], name)) from None
 
@@ -446,7 +457,7 @@ class SupervisedPolicy(RemotePolicy):
     def _call_raw(self, op, *args, what: str):
         try:
             return self._child.request(op, *args, what=what)
-        except (_Died, _Timeout, _Flood) as exc:
+        except (_Died, _Timeout, _Flood, _Hung) as exc:
             raise _lost(exc, self.spec_text, _world_text(args)) from None
 
     def __repr__(self):
@@ -459,6 +470,8 @@ def _lost(exc: Exception, name: str, where: str) -> PolicyProcessLost:
         text = (f"[slow rule] {name} did not answer within {exc.seconds:g} s during {exc.what} "
                 f"(--rule-timeout-s, enforced by killing its process); its last output:\n    "
                 + exc.tail.replace("\n", "\n    "))
+    elif isinstance(exc, _Hung):
+        text = str(exc)
     elif isinstance(exc, _Died):
         text = f"[rule crashed] {name}: {exc.words()}"
     else:

@@ -13,6 +13,9 @@ DONE = "A2A-GATE-VERDICTS-DONE"  # the child's last line, once every table is pr
 DEFAULT_TIMEOUT_S = 4 * 3600.0
 
 from .engines import ENGINES, engine_of_spec
+from .model.properties import PropertyViolation
+from .procs import seconds_arg as _seconds
+from .supervised import PolicyProcessLost, load_supervised
 from .wheels import ReleaseError
 
 DEFAULT_ENGINE = next(iter(ENGINES))  # a bare version or path: SGLang's
@@ -30,11 +33,19 @@ def main(argv=None) -> int:
     parser.add_argument("specs", nargs="*", metavar="SPEC")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help=f"seconds the tables may take (default {DEFAULT_TIMEOUT_S:.0f})")
+    parser.add_argument("--rule-timeout-s", type=_seconds, default=None, metavar="S",
+                        help="seconds one call into a file's code may take (default: 10, as "
+                             "in the gate run); a call past it stops the tables, named")
     parser.add_argument("--in-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not 0 < args.timeout <= 7 * 86_400:
         parser.error(f"--timeout must be a positive number of seconds up to a week, got "
                      f"{args.timeout}")
+    from .model.guard import CALL_TIMEOUT
+
+    if args.rule_timeout_s is not None and args.rule_timeout_s > CALL_TIMEOUT.MAX_SECONDS:
+        parser.error(f"--rule-timeout-s must be at most {CALL_TIMEOUT.MAX_SECONDS:,.0f} s (a "
+                     f"day), got {args.rule_timeout_s}")
     from .runner import keep_hypothesis_home
 
     keep_hypothesis_home()  # never a .hypothesis/ in the folder it is run from
@@ -53,18 +64,35 @@ def main(argv=None) -> int:
         return 2
     if not args.in_child:
         return _in_child(list(argv if argv is not None else sys.argv[1:]), args)
+    if args.rule_timeout_s:
+        CALL_TIMEOUT.set(args.rule_timeout_s)
     try:
         for engine in chosen:
             mine = [s for s in args.specs if _engine(s) is engine]
             if args.specs and not mine:
                 continue
             verdicts = engine.verdicts()
-            print(f"## {verdicts.TITLE}\n\n{verdicts.tables(mine or verdicts.default_specs())}\n")
+            table = verdicts.tables(mine or verdicts.default_specs(), load=_loader(engine))
+            print(f"## {verdicts.TITLE}\n\n{table}\n")
     except (ReleaseError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (PolicyProcessLost, PropertyViolation) as exc:  # a file's code hung, exited or
+        print(f"error: {exc}", file=sys.stderr)            # crashed in a call: named
+        return 1
     print(DONE, flush=True)
     return 0
+
+
+def _loader(engine):
+    """How the tables load a target: a pinned release in this process (verified code, the
+    tables of the docs); any other file or tree in a supervised process of its own, so a call
+    that hangs, exits or crashes is stopped at its deadline and named."""
+    def load(target: str):
+        if target.partition("@")[0] in engine.releases:
+            return engine.module("loader").release_from_spec(target)
+        return load_supervised(f"{engine.name}:{target}")
+    return load
 
 
 def _in_child(argv, args) -> int:
@@ -87,6 +115,8 @@ def _in_child(argv, args) -> int:
     if code == 2:
         return 2  # its own error, printed above
     why = (f"did not finish within {args.timeout:.0f} s (--timeout)" if code is None else
+           "stopped before its tables were printed: a call into its code hung, exited or "
+           "crashed (above)" if code == 1 else
            f"ended (exit code {code}) before its tables were printed: an engine file that "
            f"exits or crashes (os._exit, a signal)")
     print(f"error: the verdict run of {specs or 'the pinned releases'} {why}", file=sys.stderr)

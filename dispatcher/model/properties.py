@@ -23,7 +23,7 @@ from .guard import CallTimedOut, PolicyExited, PolicyForked, guarded
 from .show import shown, text
 from .world import World
 
-__all__ = ["PropertyViolation", "RuleCrashed", "RefusedCorrectly", "SlowRule", "RuleBudget",
+__all__ = ["RuleHung", "PropertyViolation", "RuleCrashed", "RefusedCorrectly", "SlowRule", "RuleBudget",
            "RULE_BUDGET", "RuleValues", "policy_name", "for_world", "world_for", "rule_values", "values_or_reject", "explain",
            "check_positive", "check_fits", "check_rank_invariant", "check_within_cap",
            "check_tight", "PROPERTIES", "COLUMNS", "check_all", "breaks", "broken_columns"]
@@ -39,6 +39,10 @@ class RuleCrashed(PropertyViolation):
 
 class SlowRule(PropertyViolation):
     """The rule is too slow for the gate to check it in reasonable time."""
+
+
+class RuleHung(SlowRule):
+    """A call into the policy did not return within ``--rule-timeout-s`` and was stopped."""
 
 
 class RefusedCorrectly(NotApplicable):
@@ -180,7 +184,7 @@ def _call(policy, view, world, values, name):
                           f"copy of the run would report its tests again)\n"
                           f"{explain(world, _with(values, '<forked>'), name)}") from None
     except CallTimedOut as exc:
-        raise SlowRule(f"[slow rule] {name} did not return within {exc.seconds:g} s on EP rank "
+        raise RuleHung(f"[slow rule] {name} did not return within {exc.seconds:g} s on EP rank "
                        f"{view.ep_rank} (--rule-timeout-s): stopped\n"
                        f"{explain(world, _with(values, '<no answer>'), name)}") from None
     except NotApplicable as exc:

@@ -88,8 +88,8 @@ def compat_specs() -> List[str]:
     return [f"vllm:{v}" for v in RELEASES] + [f"vllm:{v}@two-sided" for v in RELEASES]
 
 
-def tables(specs) -> str:
-    releases = [release_from_spec(s.partition("vllm:")[2] if s.startswith("vllm") else s)
+def tables(specs, load=release_from_spec) -> str:
+    releases = [load(s.partition("vllm:")[2] if s.startswith("vllm") else s)
                 for s in specs]
     t0 = time.perf_counter()
     notes: List[str] = []

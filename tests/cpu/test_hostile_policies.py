@@ -6,6 +6,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 import textwrap
 
 import pytest
@@ -380,10 +381,17 @@ def test_the_gates_commands_write_nothing_into_the_folder_they_run_from(tmp_path
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="SGLang's file needs torch")
-def test_the_verdicts_command_fails_where_a_files_dispatch_exits(tmp_path):
-    """The tables are computed in a child: a ``dispatch()`` that ends the process (here with
-    ``_exit`` imported under its own name, which no guard of ``os._exit`` sees) is an error
-    naming it, never exit 0."""
+@pytest.mark.parametrize("body, words", [
+    ("        from os import _exit\n        _exit(0)\n", "[rule crashed]"),
+    ("        import signal\n        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
+     "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n        while True:\n"
+     "            pass\n", "[slow rule]"),
+], ids=["exits", "spins-deaf"])
+def test_the_verdicts_command_fails_where_a_files_dispatch_exits_or_hangs(tmp_path, body, words):
+    """A file's code runs in a supervised process of the verdict run: a ``dispatch()`` that ends
+    the process (``_exit`` imported under its own name, which no guard of ``os._exit`` sees)
+    or never returns (SIGALRM blocked, SIGTERM ignored) is an error naming it at the call's
+    deadline, never exit 0 and never a hang (it waited out the 4-hour --timeout before)."""
     from dispatcher.sglang import fetch, sources
 
     release = fetch.PACKAGE.root_of(fetch.PACKAGE.fetch_release(sources.RELEASES[-1]))
@@ -391,14 +399,18 @@ def test_the_verdicts_command_fails_where_a_files_dispatch_exits(tmp_path):
     head = "        is_extend = get_is_extend_in_batch()\n"
     assert head in text
     engine = tmp_path / "flashinfer.py"
-    engine.write_text(text.replace(head, "        from os import _exit\n        _exit(0)\n" + head, 1))
+    engine.write_text(text.replace(head, body + head, 1))
     from dispatcher.model.generations import ENV, PINNED_RELEASES_GENERATION
 
     env = dict(os.environ, **{ENV: PINNED_RELEASES_GENERATION})  # whose API 0.5.23 calls
-    done = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", f"sglang:{engine}"],
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", f"sglang:{engine}",
+                           "--rule-timeout-s", "0.5"],
                           capture_output=True, text=True, timeout=120, cwd=SOURCE, env=env)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "ended (exit code 0) before its tables" in done.stderr, done.stdout + done.stderr
+    assert words in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "before its tables were printed" in done.stderr, done.stdout + done.stderr
+    assert time.monotonic() - t0 < 30
 
 
 def test_a_replay_stopped_by_sigterm_leaves_no_folder_and_no_process(late, tmp_path):

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -308,16 +309,8 @@ def test_the_27945_tree_fails_however_the_function_is_written(tree, written):
     assert problem is not None and "raised" in problem, problem
 
 
-@pytest.mark.parametrize("body, words", [
-    ("import os\n    os._exit(0)\n", "os._exit(0)"),
-    ("import signal\n    signal.setitimer(signal.ITIMER_REAL, 0)\n"
-     "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    while True:\n        pass\n",
-     "[slow rule]"),
-], ids=["exits", "spins-deaf"])
-def test_engine_code_of_a_tree_that_exits_or_hangs_fails_its_test(tree, body, words):
-    """The tree's own companion (``require_mlp_tp_gather()``, run inside SGLang's dispatch)
-    ends the process or never returns: it runs in the supervised process, so the run fails
-    with the world, never exit 0 and never a hang (the parent's SIGKILL deadline)."""
+def _hostile_companion(tree, body):
+    """``body`` run first in the tree's ``require_mlp_tp_gather()``; the environment to run in."""
     path = _file(tree, sources.COMMON)
     text = path.read_text()
     head = "def require_mlp_tp_gather(*, moe_a2a_backend=None):\n"
@@ -325,14 +318,51 @@ def test_engine_code_of_a_tree_that_exits_or_hangs_fails_its_test(tree, body, wo
     start = text.index('"""', text.index(head))
     end = text.index('"""', start + 3) + 3  # after the docstring
     path.write_text(text[:end] + "\n    " + body + text[end:])
-    env = {k: v for k, v in os.environ.items() if k != NEWEST_ENV}
+    return {k: v for k, v in os.environ.items() if k != NEWEST_ENV}
+
+
+@pytest.mark.parametrize("body, words", [
+    ("import os\n    os._exit(0)\n", "os._exit(0)"),
+    ("import signal\n    signal.setitimer(signal.ITIMER_REAL, 0)\n"
+     "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    while True:\n        pass\n",
+     "[slow rule]"),
+    ("while True:\n        pass\n", "[slow rule]"),
+], ids=["exits", "spins-deaf", "spins"])
+def test_engine_code_of_a_tree_that_exits_or_hangs_fails_its_test(tree, body, words):
+    """The tree's own companion (``require_mlp_tp_gather()``, run inside SGLang's dispatch)
+    ends the process or never returns: it runs in the supervised process, so the run fails
+    with the world, never exit 0 and never a hang (the parent's SIGKILL deadline)."""
+    env = _hostile_companion(tree, body)
     from dispatcher.runner import suite_args
 
     args = suite_args(args=["-p", "no:cacheprovider", "-q", "-n", "0", f"--policy=sglang:{tree}",
                             "--rule-timeout-s=0.5", "sglang/test_engine_steps.py",
                             "-k", "in_every_context"])
+    t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tree, capture_output=True,
                           text=True, timeout=120, env=env)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
     assert words in out and "INTERNALERROR" not in out, out[-3000:]
+    # a hang fails its test at once, unshrunk (shrinking it waited the limit out ~30 times)
+    assert time.monotonic() - t0 < 20, out[-3000:]
+
+
+@pytest.mark.parametrize("body, words", [
+    ("import os\n    os._exit(0)\n", "os._exit(0)"),
+    ("import signal\n    signal.setitimer(signal.ITIMER_REAL, 0)\n"
+     "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    while True:\n        pass\n",
+     "[slow rule]"),
+    ("while True:\n        pass\n", "[slow rule]"),
+], ids=["exits", "spins-deaf", "spins"])
+def test_the_replay_of_such_a_tree_is_a_violation(tree, body, words):
+    """The replay decides its own status: 1, the violation with its world (was 3, "internal
+    error of the gate", where the engine's code exited in the step the replay describes)."""
+    env = _hostile_companion(tree, body)
+    replay = subprocess.run([sys.executable, "-m", "dispatcher", "--policy", f"sglang:{tree}",
+                             "--rule-timeout-s", "0.5",
+                             "World(ep_size=4, dp_size=4, group_tokens=(5, 2, 1, 3), "
+                             "max_num_tokens=8)"], cwd=tree, capture_output=True, text=True,
+                            timeout=120, env=env)
+    out = replay.stdout + replay.stderr
+    assert replay.returncode == 1 and words in out, out[-3000:]
