@@ -321,13 +321,17 @@ def _hostile_companion(tree, body):
     return {k: v for k, v in os.environ.items() if k != NEWEST_ENV}
 
 
-@pytest.mark.parametrize("body, words", [
+# what a tree's require_mlp_tp_gather() does first, and the words its failure must say
+HOSTILE = pytest.mark.parametrize("body, words", [
     ("import os\n    os._exit(0)\n", "os._exit(0)"),
     ("import signal\n    signal.setitimer(signal.ITIMER_REAL, 0)\n"
      "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    while True:\n        pass\n",
      "[slow rule]"),
     ("while True:\n        pass\n", "[slow rule]"),
 ], ids=["exits", "spins-deaf", "spins"])
+
+
+@HOSTILE
 def test_engine_code_of_a_tree_that_exits_or_hangs_fails_its_test(tree, body, words):
     """The tree's own companion (``require_mlp_tp_gather()``, run inside SGLang's dispatch)
     ends the process or never returns: it runs in the supervised process, so the run fails
@@ -348,13 +352,7 @@ def test_engine_code_of_a_tree_that_exits_or_hangs_fails_its_test(tree, body, wo
     assert time.monotonic() - t0 < 20, out[-3000:]
 
 
-@pytest.mark.parametrize("body, words", [
-    ("import os\n    os._exit(0)\n", "os._exit(0)"),
-    ("import signal\n    signal.setitimer(signal.ITIMER_REAL, 0)\n"
-     "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    while True:\n        pass\n",
-     "[slow rule]"),
-    ("while True:\n        pass\n", "[slow rule]"),
-], ids=["exits", "spins-deaf", "spins"])
+@HOSTILE
 def test_the_replay_of_such_a_tree_is_a_violation(tree, body, words):
     """The replay decides its own status: 1, the violation with its world (was 3, "internal
     error of the gate", where the engine's code exited in the step the replay describes)."""
