@@ -196,12 +196,10 @@ def describe_policy(spec: str) -> str:
         return ""
     try:
         loader = engine.module("loader")
-        path, label = loader.main_path(spec.partition(":")[2])
-        from .wheels import sha256
-
-        own = getattr(loader, "header_note", lambda _: "")(path)  # what runs, what is stood in
-        return (f" ({path}, sha256 {sha256(path)[:16]})\n  the engine's code beside it: "
-                f"{loader.companions_of(path).origin}{own}")
+        tree = loader.tree_of_spec(spec.partition(":")[2])  # found and read, nothing run
+        own = getattr(loader, "header_note", lambda _: "")(tree)  # what runs, what is stood in
+        return (f" ({tree.main}, sha256 {tree.digest[:16]})\n  the engine's code beside it: "
+                f"{tree.origin}{own}")
     except ImportError as exc:  # torch missing
         raise PolicyError(f"--policy {spec} needs torch (pip install torch==2.13.0, the CPU "
                           f"build): {exc}") from None

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..tree import EngineCode
 from ..wheels import Package, ReleaseError, sha256
 # The dispatcher file and the files beside it whose functions decide what it sees (kept with
 # the dispatcher file when a release has them): sources.py, one record per piece
 from .sources import (COMMON, COMPANIONS, DP_ATTN, MOE_HOOK, NEEDED, OVERRIDES, RELEASE_FILE,
-                      RELEASES, SERVER_ARGS, SPEC_INFO)
+                      RELEASES, SERVER_ARGS, SPEC_INFO, VERSION_FILES)
 
-__all__ = ["ReleaseError", "RELEASES", "NEEDED", "PACKAGE", "RELEASE_FILE", "COMPANIONS", "COMMON", "OVERRIDES",
+__all__ = ["ReleaseError", "RELEASES", "NEEDED", "PACKAGE", "CODE", "RELEASE_FILE", "COMPANIONS", "COMMON", "OVERRIDES",
            "DP_ATTN", "SPEC_INFO", "MOE_HOOK", "SERVER_ARGS", "CACHE_ENV", "cache_dir",
            "canonical_version", "companion_file", "fetch_release", "wheel_file", "checkout_file",
            "installed_file", "sha256"]
@@ -22,6 +23,8 @@ __all__ = ["ReleaseError", "RELEASES", "NEEDED", "PACKAGE", "RELEASE_FILE", "COM
 CACHE_ENV = "A2A_GATE_SGLANG_CACHE"
 PACKAGE = Package("sglang", (RELEASE_FILE,), COMPANIONS, CACHE_ENV, "SGLang's flashinfer.py",
                   Path(__file__).with_name("pins.json"))
+# the tree under test: the dispatcher file and SGLang's own code beside it (dispatcher/tree.py)
+CODE = EngineCode(PACKAGE, NEEDED, RELEASES, "SGLang", VERSION_FILES)
 
 cache_dir = PACKAGE.cache_dir
 canonical_version = PACKAGE.canonical_version

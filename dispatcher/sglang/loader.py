@@ -18,7 +18,7 @@ import types
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 from unittest import mock
 
 from ..model.generations import active
@@ -28,20 +28,20 @@ from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..companions import Companions, companion_function, defines, resolve
+from ..companions import Companions, defines
 from ..engine_tensors import stand_in_rows
+from ..tree import Tree
 from ..standins import UnmodelledCode, UnmodelledFinder, exec_engine_file, reentrant
 from . import fetch
 from .forward import ReleaseCodeError
 from .report import (EMPTY_LIST, Outcome, SGLangAssertion,  # noqa: F401 - re-exported
                      describe_outcomes, describe_sources)
 from .scheduler import ServerConfig, load_scheduler
-from .sources import NEEDED, RELEASES, VERSION_FILES
 from .standins import (Hooks, Launched, RoutedAround, StandardTopKOutput, _Group,
                        _State, current, mlp_tp_gather, stand_in_globals, stand_in_modules)
 
 __all__ = ["Outcome", "SGLangRelease", "BoundStep", "SGLangAssertion", "load_release",
-           "release_from_spec"]
+           "load_tree", "tree_of", "tree_of_spec", "release_from_spec"]
 
 
 _FINDER = UnmodelledFinder("sglang")  # every sglang.* module the stand-ins do not hold
@@ -97,7 +97,7 @@ class SGLangRelease(EnginePolicy):
     hooks: Hooks = Hooks()
     flashinfer: str = "recorder"  # or "real" / "emulated" MoeAlltoAll (the rank pools)
     process_group: object = None  # with real FlashInfer: the group SGLang bootstraps over
-    companions: Optional[Companions] = None  # where the SGLang code beside the file came from
+    tree: Optional[Tree] = None  # the tree under test: where the SGLang code beside it came from
     _instances: "OrderedDict[tuple, object]" = field(default_factory=OrderedDict, repr=False)
     _input_cache: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
     _refusals: Dict[ServerConfig, Optional[str]] = field(default_factory=dict, repr=False)
@@ -118,6 +118,10 @@ class SGLangRelease(EnginePolicy):
             self.loaded[version] = _exec(self.path, self.sha256, self.flashinfer, version,
                                          self._imports)
         return self.loaded[version]
+
+    @property
+    def companions(self) -> Optional[Companions]:
+        return self.tree.companions if self.tree else None
 
     @property
     def _imports(self) -> tuple:
@@ -401,48 +405,50 @@ class BoundStep(EngineStep):
                 + describe_sources(self.release))
 
 
-def _companion(path: Optional[Path], name: str) -> Optional[Callable]:
-    """Function ``name`` from one of the release's companion files, run on the stand-ins."""
-    return None if path is None else companion_function(path, name, stand_in_globals())
-
-
 _LOADED: Dict[tuple, SGLangRelease] = {}
 
 
-def companions_of(path: Path) -> Companions:
-    """Where the SGLang code beside ``path`` comes from (``dispatcher.companions``)."""
-    return resolve(fetch.PACKAGE, path, NEEDED, RELEASES, "SGLang",
-                   release=fetch.PACKAGE.release_of(path), version_files=VERSION_FILES)
+def tree_of(path, label: Optional[str] = None) -> Tree:
+    """The tree of one dispatcher ``flashinfer.py`` (``dispatcher/tree.py``): read, nothing of
+    it run; a file that is no SGLang dispatcher file is refused before its companions are
+    looked for."""
+    path = Path(path).resolve()
+    if not path.is_file() or path.suffix != ".py":
+        raise fetch.ReleaseError(f"sglang:{path}: expected SGLang's flashinfer.py, an SGLang "
+                                 f"checkout, a wheel or a release version")
+    if not defines(path, "FlashinferDispatcher"):  # read, not run: before its companions
+        raise _not_ours(path)
+    return fetch.CODE.at(path, label)
+
+
+def _not_ours(path: Path) -> fetch.ReleaseError:
+    return fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
+                              f"not SGLang's token_dispatcher/flashinfer.py")
 
 
 def load_release(path, label: Optional[str] = None, flashinfer: str = "recorder") -> SGLangRelease:
     """Load one dispatcher ``flashinfer.py`` with the SGLang code beside it (loaded once per
     process for each content of the file and of that code: a lone copy of a release and the
     release itself share nothing but what is the same)."""
-    path = Path(path).resolve()
-    if not path.is_file() or path.suffix != ".py":
-        raise fetch.ReleaseError(f"sglang:{path}: expected SGLang's flashinfer.py, an SGLang "
-                                 f"checkout, a wheel or a release version")
-    digest = fetch.sha256(path)
-    not_ours = fetch.ReleaseError(f"sglang:{path} defines no FlashinferDispatcher class: it is "
-                                  f"not SGLang's token_dispatcher/flashinfer.py")
-    if not defines(path, "FlashinferDispatcher"):  # read, not run: before its companions
-        raise not_ours
-    companions = companions_of(path)  # where the tree's imports lead: nothing of it run
-    module = _exec(path, digest, flashinfer, active().version, companions.imports)
+    return load_tree(tree_of(path, label), flashinfer)
+
+
+def load_tree(tree: Tree, flashinfer: str = "recorder") -> SGLangRelease:
+    """The tree's dispatcher file executed on the stand-ins, with the SGLang code the tree
+    resolved compiled beside it."""
+    module = _exec(tree.main, tree.digest, flashinfer, active().version, tree.companions.imports)
     if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
-        raise not_ours
-    key = (digest, companions.key, flashinfer, label or str(path))
+        raise _not_ours(tree.main)
+    key = (tree.key, flashinfer)
     if key in _LOADED:
         return _LOADED[key]
+    namespace = stand_in_globals()
     hooks = Hooks(
-        scheduler=load_scheduler(companions, stand_in_globals()),
-        require_mlp_tp_gather=_companion(companions.source("require_mlp_tp_gather"),
-                                         "require_mlp_tp_gather"),
-        a2a_cap=_companion(companions.source("flashinfer_a2a_max_dispatch_tokens_per_rank"),
-                           "flashinfer_a2a_max_dispatch_tokens_per_rank"))
-    release = SGLangRelease(path, label or str(path), {active().version: module}, digest, hooks,
-                            flashinfer, companions=companions)
+        scheduler=load_scheduler(tree, namespace),
+        require_mlp_tp_gather=tree.function("require_mlp_tp_gather", namespace),
+        a2a_cap=tree.function("flashinfer_a2a_max_dispatch_tokens_per_rank", namespace))
+    release = SGLangRelease(tree.main, tree.label, {active().version: module}, tree.digest,
+                            hooks, flashinfer, tree=tree)
     _LOADED[key] = release
     return release
 
@@ -461,13 +467,12 @@ def _exec(path: Path, digest: str, flashinfer: str, version: str, imports: tuple
     return _MODULES[name, imports]
 
 
-def main_path(target: str):
-    """``(file, label)`` for ``sglang:TARGET`` (nothing of it run): "" (installed), a version,
-    a wheel, a checkout or a flashinfer.py."""
-    return fetch.PACKAGE.main_file(target)
+def tree_of_spec(target: str) -> Tree:
+    """The tree ``sglang:TARGET`` names (nothing of it run): "" (installed), a version, a
+    wheel, a checkout or a flashinfer.py."""
+    return tree_of(*fetch.CODE.main_file(target))
 
 
 def release_from_spec(target: str, flashinfer: str = "recorder") -> SGLangRelease:
     """``sglang:TARGET``: "" (installed), a version, a wheel, a checkout or a flashinfer.py."""
-    path, label = main_path(target)
-    return load_release(path, label, flashinfer)
+    return load_tree(tree_of_spec(target), flashinfer)

@@ -4,7 +4,7 @@ The dispatcher reads ``get_dp_global_num_tokens()`` and its rows; both are made 
 by the server-arg checks (which topologies may use FlashInfer's A2A at all), the scheduler's DP
 gather and the speculative workers' per-forward counts. This module runs those functions from
 the release's (or the checkout's) own files, each compiled alone on stand-in inputs
-(``wheels.companion_function``), so a reader can hold it line by line against SGLang:
+(``Tree.function``, ``dispatcher/tree.py``), so a reader can hold it line by line against SGLang:
 
 ====================================  =========================================================
 SGLang function (paths under srt/)    what it decides here
@@ -29,8 +29,8 @@ The forward batch's DP padding (``ForwardBatch.prepare_mlp_sync_batch``) and the
 CUDA-graph runner's bucket choice run from the release too (``forward.py``). What still stands
 in is documented in docs/sglang.md: the capture sizes, the runner's ``can_run`` check and the
 list a capture publishes. Which file each function comes from (the tree, the release a
-lone file is identical to, or the newest release standing in) is ``dispatcher.companions``'
-answer; ``Scheduler.sources`` names it in every message.
+lone file is identical to, or the newest release standing in) is the tree's answer
+(``dispatcher/tree.py``); ``Scheduler.sources`` names it in every message.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
-from ..companions import Companions, companion_function
+from ..tree import Tree
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
 from .forward import GraphRunner, Padded, Padding
@@ -215,14 +215,14 @@ def _source(path: Optional[Path], name: str, fn, standin: str = "") -> str:
 
 
 
-def _topology(companions: Companions, namespace: Dict[str, object], standin: str
+def _topology(tree: Tree, namespace: Dict[str, object], standin: str
               ) -> Tuple[Callable, str]:
-    hook = companions.source("_flashinfer_a2a_topology_is_supported")
+    hook = tree.source("_flashinfer_a2a_topology_is_supported")
     if hook is not None:
-        fn = companion_function(hook, "_flashinfer_a2a_topology_is_supported", namespace)
+        fn = tree.function("_flashinfer_a2a_topology_is_supported", namespace)
         return (lambda c: bool(fn(**_topology_kwargs(c)))), _source(
             hook, "_flashinfer_a2a_topology_is_supported", fn, standin)
-    path = companions.source(TOPOLOGY_ASSERT)
+    path = tree.source(TOPOLOGY_ASSERT)
     if path is None:  # 0.5.10-0.5.12: no check at all
         return (lambda c: True), "no FlashInfer A2A topology check in the release: every topology"
     test, line = flashinfer_assert(path)
@@ -244,16 +244,16 @@ def _topology_kwargs(c: ServerConfig) -> dict:
                 enable_layernorm_sp=c.enable_layernorm_sp)
 
 
-def load_scheduler(companions: Companions, namespace: Dict[str, object]) -> Scheduler:
-    """The scheduler-side functions from ``companions`` (the tree's, or the files standing in
+def load_scheduler(tree: Tree, namespace: Dict[str, object]) -> Scheduler:
+    """The scheduler-side functions the ``tree`` resolved (its own, or the files standing in
     for them), each compiled alone in ``namespace`` (the stand-ins answer their module-level
     names, e.g. ``envs``)."""
-    standin = f" ({companions.tag})" if companions.tag else ""
-    topology, topo_source = _topology(companions, namespace, standin)
+    tag = tree.companions.tag
+    standin = f" ({tag})" if tag else ""
+    topology, topo_source = _topology(tree, namespace, standin)
 
     def get(name):
-        path = companions.source(name)
-        return path, (None if path is None else companion_function(path, name, namespace))
+        return tree.source(name), tree.function(name, namespace)
 
     dp_attn, update = get("_update_gather_batch")
     skip_path, skip = get("should_skip_scheduler_all_gather")
@@ -264,8 +264,8 @@ def load_scheduler(companions: Companions, namespace: Dict[str, object]) -> Sche
     scale_source = (_source(spec, "spec_scale_global_num_tokens", scale, standin) if scale
                     else "no spec_scale_global_num_tokens() in the release: "
                          "SpecInput.get_spec_adjusted_global_num_tokens, requests x tokens per request")
-    forward, runner_file = companions.source(PADDING), companions.source(BUCKET_CHOICE)
-    draft_file = companions.source(DRAFT_BUCKET_CHOICE)
+    forward, runner_file = tree.source(PADDING), tree.source(BUCKET_CHOICE)
+    draft_file = tree.source(DRAFT_BUCKET_CHOICE)
     padding = None if forward is None else Padding(forward, standin)
     runner = None if runner_file is None else GraphRunner(runner_file, standin)
     draft = None if draft_file is None else GraphRunner(draft_file, standin, DRAFT_METHODS)

@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..companions import Needed
+from ..tree import EngineCode
 from ..wheels import Package, ReleaseError
 
 __all__ = ["ReleaseError", "RELEASES", "NEEDED", "VERSION_FILES", "PACKAGE", "ONE_SIDED",
-           "TWO_SIDED", "FORWARD_CONTEXT", "RELEASE_MODULES", "JUDGED_ON", "CACHE_ENV"]
+           "TWO_SIDED", "FORWARD_CONTEXT", "RELEASE_MODULES", "JUDGED_ON", "CACHE_ENV", "CODE"]
 
 _FUSED_MOE = "vllm/model_executor/layers/fused_moe"
 # The one-sided (MoeAlltoAll) prepare/finalize: in prepare_finalize/ since 0.19, beside the
@@ -56,3 +57,5 @@ RELEASE_MODULES = {
 CACHE_ENV = "A2A_GATE_VLLM_CACHE"
 PACKAGE = Package("vllm", ONE_SIDED, (FORWARD_CONTEXT,) + TWO_SIDED + tuple(RELEASE_MODULES.values()), CACHE_ENV,
                   "vLLM's flashinfer_nvlink_one_sided.py", Path(__file__).with_name("pins.json"))
+# the tree under test: the prepare/finalize file and vLLM's own code beside it (dispatcher/tree.py)
+CODE = EngineCode(PACKAGE, NEEDED, RELEASES, "vLLM", VERSION_FILES)

@@ -41,10 +41,11 @@ from ..model.engine import EnginePolicy, EngineStep
 from ..model.guard import GateInterrupt
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..companions import Companions, companion_function, resolve
+from ..companions import Companions
+from ..tree import Tree
 from ..engine_tensors import stand_in_rows
 from ..standins import StandIn, exec_engine_file, reentrant
-from ..wheels import ReleaseError, sha256
+from ..wheels import ReleaseError
 from . import fetch
 from .fetch import RELEASE_MODULES
 from .release_modules import MANAGER_CLASSES, CpuGroup, release_modules, runtime_patches
@@ -52,7 +53,7 @@ from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, cu
                        stand_in_modules)
 
 __all__ = ["SIDES", "Outcome", "VLLMRelease", "BoundVLLMStep", "VLLMError", "load_release",
-           "release_from_spec"]
+           "load_tree", "tree_of", "tree_of_spec", "release_from_spec"]
 
 ALL2ALL = "vllm.distributed.device_communicators.all2all"  # the managers' module
 SIDES = {"one-sided": "FlashInferNVLinkOneSidedPrepareAndFinalize",
@@ -129,13 +130,14 @@ def _own_modules(root: Path, side: str) -> Dict[str, object]:
     return _OWN[key]
 
 
-def header_note(path: Path) -> str:
+def header_note(tree: Tree) -> str:
     """For the report header, read without running anything: which of vLLM's own modules run
-    beside ``path``, and which of its code the gate stands in for by hand, with the reason."""
+    beside the tree's file, and which of its code the gate stands in for by hand, with the
+    reason."""
     import ast
 
-    side = _side_of(path)
-    root = own_root(path, companions_of(path))
+    side = _side_of(tree.main)
+    root = tree.root
     have = [n.rpartition(".")[2] for n, rel in RELEASE_MODULES.items()
             if root is not None and (root / rel).is_file()]
     if not have:
@@ -178,8 +180,7 @@ class VLLMRelease(EnginePolicy):
     sha256: str
     side: str
     compute_sp: Callable = None  # vLLM's _compute_sp_num_tokens (dispatcher.companions)
-    companions: Optional[Companions] = None
-    root: Optional[Path] = None  # the tree whose vLLM modules run beside the file (own_root)
+    tree: Optional[Tree] = None  # the tree under test: the vLLM code beside the file
     _instances: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict, repr=False)
     _inputs: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
     MAX_INSTANCES = 16384  # one per rank and layer shape; cheap objects
@@ -187,6 +188,15 @@ class VLLMRelease(EnginePolicy):
     @property
     def spec(self) -> str:
         return f"vllm:{self.label}" + ("@two-sided" if self.side == "two-sided" else "")
+
+    @property
+    def companions(self) -> Optional[Companions]:
+        return self.tree.companions if self.tree else None
+
+    @property
+    def root(self) -> Optional[Path]:
+        """The tree whose vLLM modules run beside the file."""
+        return self.tree.root if self.tree else None
 
     @property
     def runs_modelled_a2a(self) -> bool:
@@ -411,48 +421,40 @@ def _exec(path: Path, digest: str, version: str, side: str, root: Optional[Path]
     return _MODULES[name]
 
 
-def companions_of(path: Path) -> Companions:
-    """Where the vLLM code beside ``path`` comes from (``dispatcher.companions``)."""
-    return resolve(fetch.PACKAGE, path, fetch.NEEDED, fetch.RELEASES, "vLLM",
-                   release=fetch.PACKAGE.release_of(path), version_files=fetch.VERSION_FILES)
+def tree_of(path, label: Optional[str] = None) -> Tree:
+    """The tree of one prepare/finalize file (``dispatcher/tree.py``): read, nothing of it run;
+    its ``root`` is the tree whose vLLM modules run beside it (its own, or for a lone file the
+    release its companions come from: the one it is identical to, else the newest pinned)."""
+    path = Path(path).resolve()
+    if not path.is_file() or path.suffix != ".py":
+        raise ReleaseError(f"vllm:{path}: expected vLLM's flashinfer_nvlink_one_sided.py (or "
+                           f"two_sided), a vLLM checkout, a wheel or a release version")
+    if _side_of(path) is None:
+        raise ReleaseError(f"vllm:{path} defines neither {' nor '.join(SIDES.values())}: it is "
+                           f"not vLLM's FlashInfer NVLink prepare/finalize file")
+    return fetch.CODE.at(path, label)
 
 
 def load_release(path, label: Optional[str] = None) -> VLLMRelease:
     """Load one vLLM prepare/finalize file with the vLLM code beside it (once per content of
     both per process)."""
-    path = Path(path).resolve()
-    if not path.is_file() or path.suffix != ".py":
-        raise ReleaseError(f"vllm:{path}: expected vLLM's flashinfer_nvlink_one_sided.py (or "
-                           f"two_sided), a vLLM checkout, a wheel or a release version")
-    digest = sha256(path)
-    side = _side_of(path)
-    if side is None:
-        raise ReleaseError(f"vllm:{path} defines neither {' nor '.join(SIDES.values())}: it is "
-                           f"not vLLM's FlashInfer NVLink prepare/finalize file")
-    companions = companions_of(path)
-    key = (digest, companions.key, label or str(path))
-    if key in _LOADED:
-        return _LOADED[key]
+    return load_tree(tree_of(path, label))
+
+
+def load_tree(tree: Tree) -> VLLMRelease:
+    """The tree's prepare/finalize file executed with the tree's vLLM modules beside it, and
+    vLLM's SP split compiled from the tree."""
+    if tree.key in _LOADED:
+        return _LOADED[tree.key]
     import torch
 
-    source = companions.source("_compute_sp_num_tokens")
-    split = companion_function(source, "_compute_sp_num_tokens", {"torch": torch})
-    root = own_root(path, companions)
-    module = _exec(path, digest, active().version, side, root)  # the file, with its modules
-    release = VLLMRelease(path, label or str(path), {active().version: module}, digest, side,
-                          split, companions=companions, root=root)
-    _LOADED[key] = release
+    side = _side_of(tree.main)
+    split = tree.function("_compute_sp_num_tokens", {"torch": torch})
+    module = _exec(tree.main, tree.digest, active().version, side, tree.root)
+    release = VLLMRelease(tree.main, tree.label, {active().version: module}, tree.digest, side,
+                          split, tree=tree)
+    _LOADED[tree.key] = release
     return release
-
-
-def own_root(path: Path, companions: Companions) -> Optional[Path]:
-    """The tree whose vLLM modules run beside ``path``: its own, or for a lone file the
-    release its companions come from (the one it is identical to, else the newest pinned)."""
-    root = fetch.PACKAGE.root_of(path)
-    if root is None:
-        source = companions.source("_compute_sp_num_tokens")
-        root = fetch.PACKAGE.root_of(source) if source is not None else None
-    return root
 
 
 def _side_of(path: Path) -> Optional[str]:
@@ -481,7 +483,7 @@ def _split(target: str):
 def main_path(target: str):
     """``(file, label)`` for ``vllm:TARGET[@two-sided]`` (nothing of it run)."""
     target, side = _split(target)
-    path, label = fetch.PACKAGE.main_file(target)
+    path, label = fetch.CODE.main_file(target)
     if side == "two-sided" and path.name in {Path(rel).name for rel in fetch.TWO_SIDED}:
         return path, label  # the two-sided file itself, named alone
     if side == "two-sided":
@@ -494,11 +496,16 @@ def main_path(target: str):
     return path, label
 
 
+def tree_of_spec(target: str) -> Tree:
+    """The tree ``vllm:TARGET[@two-sided]`` names (nothing of it run)."""
+    return tree_of(*main_path(target))
+
+
 def release_from_spec(target: str) -> VLLMRelease:
     """``vllm:TARGET[@two-sided]``: "" (installed), a version, a wheel, a checkout or the file."""
     side = _split(target)[1]
-    path, label = main_path(target)
-    release = load_release(path, label)
+    release = load_tree(tree_of_spec(target))
+    path = release.path
     if side and release.side != side:
         raise ReleaseError(f"vllm:{target}: {path.name} is the {release.side} file")
     return release

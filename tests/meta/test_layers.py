@@ -12,7 +12,7 @@ from .. import SOURCE
 
 LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.sizing": 0, "dispatcher.mutants": 0,
-    "dispatcher.model": 1, "dispatcher.wheels": 1, "dispatcher.companions": 1,
+    "dispatcher.model": 1, "dispatcher.wheels": 1, "dispatcher.companions": 1, "dispatcher.tree": 1,
     "dispatcher.release_code": 1,
     "dispatcher.procs": 0, "dispatcher.engines": 1, "dispatcher.runner": 1,
     "dispatcher.engine_tensors": 1,

@@ -135,7 +135,7 @@ def test_a_lone_copy_of_either_backends_file_is_its_release(tmp_path, name, side
     from dispatcher.model.properties import check_all, rule_values
     from dispatcher.policies import load_policy
     from dispatcher.vllm import fetch
-    from dispatcher.vllm.loader import companions_of
+    from dispatcher.vllm.loader import tree_of
 
     newest = RELEASES[-1]
     cached = fetch.PACKAGE.root_of(fetch.PACKAGE.fetch_release(newest))
@@ -144,6 +144,6 @@ def test_a_lone_copy_of_either_backends_file_is_its_release(tmp_path, name, side
     spec = f"vllm:{tmp_path / name}{side}"
     with using(ENGINES["vllm"].judged_on(newest)):
         release = load_policy(spec)[1]
-        assert companions_of(tmp_path / name).origin.startswith(f"identical to vLLM {newest}'s")
+        assert tree_of(tmp_path / name).origin.startswith(f"identical to vLLM {newest}'s")
         world = World(ep_size=4, dp_size=4, group_tokens=(1, 2, 3, 4), max_num_tokens=8)
         check_all(world, rule_values(release, world, spec), spec)
