@@ -119,7 +119,7 @@ def _run_emulated_example(state, rank, ep_size, world, spec, bypass) -> List[str
 
 def run_sglang_example(state, rank, ep_size, world, spec, bypass, ctx=None) -> dict:
     """SGLang's own ``FlashinferDispatcher`` on this rank, end to end on the real kernels (or,
-    in a pool without a GPU, on the emulated ``MoeAlltoAll`` of ``emulated.py``):
+    in a pool without a GPU, on the emulated ``MoeAlltoAll`` of ``emulator/gloo.py``):
     its ``__init__`` builds its ``MoeAlltoAll`` (over the pool's group), its ``dispatch()``
     launches the real dispatch kernel with the runtime it computes, the stand-in experts run
     on what arrived, its ``combine()`` returns the result, checked against the reference."""

@@ -224,7 +224,9 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
                             device_id=torch.device("cuda", rank % n_gpus) if backend == "nccl" else None)
     cpu = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     t = phase("process group", t)
-    ops = installed.gpu()
+    from .ops import ops_of
+
+    ops = ops_of(installed)
     index = ops.metainfo_index()
     phase("flashinfer", t)
     return {"backend": backend, "cpu": cpu, "index": index, "a2as": {},

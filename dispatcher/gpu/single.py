@@ -10,7 +10,7 @@ metainfo and streams are reused across examples, keyed by the workspace's shape.
 One driver for every FlashInfer generation: what differs (allocating and initialising a
 workspace, a rank's dispatch and combine, where the receive counters are, what FlashInfer's
 own byte numbers are, which calls the op refuses) is the generation's ``Ops``
-(``gpu/mnnvl.py``, ``gpu/one_sided.py``; ``Generation.gpu()`` names it).
+(``gpu/mnnvl.py``, ``gpu/one_sided.py``; ``gpu/ops.py: ops_of`` opens it).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from ..emulator.inputs import make_inputs
 from ..model.generations import DEFAULT, Generation, generation_of, installed_version
 from ..model.world import World
 from . import torch_ops
+from .ops import ops_of
 from .checks import (GUARD, GUARD_BYTE, CudaContextDead, GpuRoundTrip, poisoned_rows,  # noqa: F401
                      verdict)
 
@@ -48,7 +49,7 @@ class SingleGpuA2A:
                  generation: Optional[Generation] = None):
         self.device = device or torch.device("cuda", torch.cuda.current_device())
         self.generation = generation or installed_generation()
-        self.ops = self.generation.gpu().Ops(self.device)
+        self.ops = ops_of(self.generation).Ops(self.device)
         self._workspaces: "OrderedDict[tuple, object]" = OrderedDict()
         self._streams: List[torch.cuda.Stream] = []
         self.dead: Optional[str] = None

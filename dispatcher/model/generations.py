@@ -49,7 +49,7 @@ class Generation:
     checks_local_rows: bool  # the op refuses a rank whose own rows exceed its runtime
     fixed_combine_region: bool  # the combine input no longer follows the runtime
     module_name: str  # the JIT module behind it
-    gpu_ops: str  # the module of its GPU driver ops (imported only on a GPU host)
+    gpu_ops: str  # the module of its GPU driver ops (``dispatcher.gpu.ops.ops_of`` opens it)
     _size: Callable[[int, int, Tuple[PayloadSpec, ...], int], int]
     _layout: Callable[..., Layout]
     _recv_counters: Callable[[int, int, Tuple[PayloadSpec, ...], int], int]
@@ -78,12 +78,6 @@ class Generation:
                              payloads: Tuple[PayloadSpec, ...], combine_bytes: int) -> int:
         """Where the (first bank of) receive counters is."""
         return self._recv_counters(ep_size, max_num_tokens, tuple(payloads), combine_bytes)
-
-    def gpu(self):
-        """Its GPU ops module (``dispatcher.gpu.mnnvl`` ...): imports torch and FlashInfer."""
-        import importlib
-
-        return importlib.import_module(self.gpu_ops)
 
     def __str__(self) -> str:
         return f"FlashInfer {self.version}"

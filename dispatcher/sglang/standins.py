@@ -389,7 +389,7 @@ def stand_in_modules(flashinfer: str = "recorder", imports: tuple = ()
                      ) -> Dict[str, types.ModuleType]:
     """Every module SGLang's dispatcher file imports, as stand-ins (for ``sys.modules``).
     ``flashinfer``: "recorder" (``MoeAlltoAll`` records and stops at the launch); "emulated"
-    (the CPU rank pool: ``gpu.emulated.EmulatedMoeAlltoAll``, the exact model over gloo);
+    (the CPU rank pool: ``emulator.gloo.EmulatedMoeAlltoAll``, the exact model over gloo);
     "real" (FlashInfer's own modules answer, and SGLang's comm backend runs over
     torch.distributed). FlashInfer's modules offer the names of the generation under test.
     ``imports`` (``Companions.imports``: a piece of SGLang's code -> the modules the tree's
@@ -420,7 +420,7 @@ def _stand_in_modules(flashinfer: str, version: str, imports: tuple = ()
         table["sglang.srt.layers.moe.token_dispatcher.flashinfer_utils"] = {
             "TorchDistributedCommBackend": torch_distributed_comm_backend()}
     elif flashinfer == "emulated":
-        from ..gpu.emulated import EmulatedMoeAlltoAll
+        from ..emulator.gloo import EmulatedMoeAlltoAll
 
         if "MoeAlltoAll" in table["flashinfer.comm"]:
             table["flashinfer.comm"] = dict(table["flashinfer.comm"],

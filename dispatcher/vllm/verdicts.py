@@ -21,7 +21,7 @@ from ..cross_round_verdicts import search as cross_round_search
 from ..model.generations import PINNED_RELEASES_GENERATION as PINNED, active, using
 from ..model.properties import broken_columns
 from ..model.world import World
-from .fetch import RELEASES
+from .fetch import JUDGED_ON, RELEASES
 from .loader import VLLMRelease, release_from_spec
 
 __all__ = ["TITLE", "default_specs", "compat_specs", "RELEASES", "REGIME_EXAMPLES", "Verdict",
@@ -57,10 +57,7 @@ def regime_verdicts(release: VLLMRelease, max_examples: int = REGIME_EXAMPLES) -
 def judged_on(release: VLLMRelease) -> str:
     """The generation ``release`` is judged on: a pinned release's own (``fetch.JUDGED_ON``:
     the FlashInfer whose API it calls), else the session's."""
-    from ..engines import ENGINES
-
-    return ENGINES["vllm"].judged_on(release.label) if release.label in RELEASES else \
-        active().version
+    return JUDGED_ON.get(release.label, PINNED) if release.label in RELEASES else active().version
 
 
 def _cross_round_cell(release: VLLMRelease, notes: List[str]) -> str:

@@ -25,10 +25,23 @@ LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.plugin": 5, "dispatcher.plugin_fixtures": 5, "dispatcher.plugin_exit": 5,
     "dispatcher.plugin_profiles": 5, "dispatcher.bisect": 6, "dispatcher.cli": 6,
 }
+# Every importlib door of the gate's modules, (module, function) -> the gate's modules it opens
+# (engine code the user names, or the standard library, open none of the gate's): a new door
+# fails test_every_importlib_door_is_declared until it is written here.
+DOORS = {
+    ("dispatcher.engines", "module"): tuple(f"dispatcher.{e}.{part}" for e in ENGINES
+                                            for part in ("fetch", "loader", "verdicts")),
+    ("dispatcher.gpu.ops", "ops_of"): ("dispatcher.gpu.mnnvl", "dispatcher.gpu.one_sided"),
+    ("dispatcher.policies", "load_policy"): (),  # the user's own rule module
+    ("dispatcher.release_code", "_resolve_import"): (),  # the standard library, for engine code
+}
 SUITE_PACKAGE = "dispatcher.suite"  # the tests, installed: the top layer, not checked here
 # Imported inside a function on purpose, named here so that nothing else creeps in:
 # rank processes resolve the --policy spec they are sent.
-ALLOWED_UPWARD = {("dispatcher.gpu.rank_examples", "dispatcher.policies")}
+ALLOWED_UPWARD = {("dispatcher.gpu.rank_examples", "dispatcher.policies"),
+                  # the engine registry's door: a record names the folder that implements it,
+                  # opened on first use
+                  *((("dispatcher.engines", t) for t in DOORS["dispatcher.engines", "module"]))}
 
 
 def _layer(name: str) -> int:
@@ -47,8 +60,12 @@ def _modules():
 
 
 def _imports(name: str, path: Path):
+    """Every module ``name`` may import: ``import X``; ``from X import a, b`` as ``X`` and each
+    of ``X.a``, ``X.b`` (a name that is a module is an edge to that module: ``from . import
+    mnnvl``); and the ``importlib`` doors of ``DOORS``, each target it opens."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[:len(package.split(".")) - node.level + 1]
@@ -56,36 +73,101 @@ def _imports(name: str, path: Path):
             else:
                 target = node.module or ""
             yield target
+            yield from (f"{target}.{a.name}" for a in node.names if a.name != "*")
         elif isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
+    for function in _doors(tree):
+        yield from DOORS.get((name, function), ())
+
+
+def _doors(tree: ast.Module):
+    """The functions of a module that call ``importlib.import_module`` (or ``__import__``)."""
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for call in ast.walk(fn):
+                if isinstance(call, ast.Call) and (
+                        (isinstance(call.func, ast.Attribute) and call.func.attr == "import_module")
+                        or (isinstance(call.func, ast.Name) and call.func.id in
+                            ("import_module", "__import__"))):
+                    yield fn.name
+                    break
 
 
 @pytest.mark.parametrize("name, path", list(_modules()), ids=lambda v: str(v))
 def test_imports_only_run_downward(name, path):
     mine = _layer(name)
-    for target in _imports(name, path):
-        if not target.startswith(("dispatcher", "strategies")):
-            continue
+    names = {n for n, _ in _modules()}
+    for target in set(_resolved(_imports(name, path), names)):
         if (name, target) in ALLOWED_UPWARD or name == "dispatcher":
             continue
         assert _layer(target) <= mine, f"{name} (layer {mine}) imports {target} " \
                                        f"(layer {_layer(target)})"
 
 
+def _resolved(targets, names):
+    """Each import target as the gate's module it reaches ("from pkg.mod import name" ->
+    pkg.mod), the others (torch, the standard library) dropped."""
+    for target in targets:
+        while target and target not in names:
+            target = target.rpartition(".")[0]
+        if target:
+            yield target
+
+
 def _graph():
-    """module -> the gate's modules it imports (at the top or inside a function)."""
+    """module -> the gate's modules it imports (at the top or inside a function, through
+    importlib doors too); a package's edge to its own ``__init__`` aside (Python imports the
+    parent package first anyway)."""
     names = {name for name, _ in _modules()}
     graph = {}
     for name, path in _modules():
-        targets = set()
-        for target in _imports(name, path):
-            while target and target not in names:  # "from pkg.mod import name" -> pkg.mod
-                target = target.rpartition(".")[0]
-            if target and target != name and not name.startswith(target + ".") \
-                    and not (name == "dispatcher" or target == "dispatcher"):
-                targets.add(target)
-        graph[name] = targets
+        graph[name] = {t for t in _resolved(_imports(name, path), names)
+                       if t != name and not name.startswith(t + ".")
+                       and not (name == "dispatcher" or t == "dispatcher")}
     return graph
+
+
+def _folder(name: str) -> str:
+    """The folder a module sits in: ``dispatcher.gpu``, ``strategies``; a module at the root
+    of ``dispatcher/`` is its own."""
+    parts = name.split(".")
+    if parts[0] != "dispatcher" or len(parts) == 1:
+        return parts[0]
+    return ".".join(parts[:2])
+
+
+def test_every_importlib_door_is_declared():
+    """A module opened by name (``importlib.import_module``) is an edge no import statement
+    shows: each door is declared in DOORS with what it opens, so the layer and cycle checks
+    see it."""
+    found = {(name, fn) for name, path in _modules() for fn in _doors(ast.parse(path.read_text()))}
+    assert found == set(DOORS), (f"undeclared doors: {sorted(found - set(DOORS))}; declared "
+                                 f"but gone: {sorted(set(DOORS) - found)}")
+    names = {n for n, _ in _modules()}
+    for door, targets in DOORS.items():
+        assert set(targets) <= names, f"{door} opens modules that do not exist: " \
+                                      f"{sorted(set(targets) - names)}"
+
+
+def test_no_folder_loop():
+    """The folders read top-down: no folder imports one that imports it back (through any of
+    their modules, lazy imports and doors included), so a same-layer pair is one-way too."""
+    import graphlib
+
+    folders = {}
+    for name, targets in _graph().items():
+        for t in targets:
+            if _folder(t) != _folder(name):
+                folders.setdefault(_folder(name), set()).add(_folder(t))
+    try:
+        tuple(graphlib.TopologicalSorter(folders).static_order())
+    except graphlib.CycleError as exc:
+        loop = exc.args[1][::-1]  # graphlib names each node's predecessor next: importer first
+        graph = _graph()
+        why = "; ".join(f"{a} -> {b} through " + ", ".join(sorted(
+            f"{m} -> {t}" for m, ts in graph.items() if _folder(m) == a
+            for t in ts if _folder(t) == b)) for a, b in zip(loop, loop[1:]))
+        pytest.fail(f"folder loop: {' -> '.join(loop)}: {why}")
 
 
 def test_no_import_cycle():
@@ -97,7 +179,7 @@ def test_no_import_cycle():
     try:
         tuple(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as exc:
-        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1][::-1])}")  # importer first
 
 
 def test_collecting_the_suite_imports_no_torch():
@@ -117,3 +199,31 @@ def test_collecting_the_suite_imports_no_torch():
                          timeout=120)
     line = [x for x in out.stdout.splitlines() if x.startswith("A2A-TORCH-AT-COLLECTION")]
     assert line == ["A2A-TORCH-AT-COLLECTION False 0"], out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("importer, imported", [
+    ("dispatcher.model.generations", "dispatcher.model.mnnvl"),  # from . import mnnvl
+    ("dispatcher.model.sequences", "dispatcher.model.properties"),
+    ("dispatcher.gpu.single", "dispatcher.gpu.torch_ops"),  # from . import torch_ops
+    ("dispatcher.plugin", "dispatcher.model.properties"),  # from dispatcher.model import ...
+    ("dispatcher.engines", "dispatcher.sglang.loader"),  # importlib, through DOORS
+    ("dispatcher.gpu.ops", "dispatcher.gpu.one_sided"),
+], ids=lambda v: v.rpartition(".")[2])
+def test_the_graph_sees_every_kind_of_import(importer, imported):
+    """The edges a reader sees that the layer checks once missed: ``from . import mod``,
+    ``from pkg import mod`` and the importlib doors."""
+    assert imported in _graph()[importer]
+
+
+def test_a_folder_loop_of_one_layer_is_found(monkeypatch):
+    """Two folders of one layer importing each other (as gpu/ and sglang/ did through
+    gpu/emulated.py) fail the folder check, although no module cycle exists."""
+    loop = {"dispatcher.gpu.rank_examples": {"dispatcher.sglang.loader"},
+            "dispatcher.sglang.loader": {"dispatcher.sglang.standins"},
+            "dispatcher.sglang.standins": {"dispatcher.gpu.emulated"},
+            "dispatcher.gpu.emulated": set()}
+    monkeypatch.setattr(__import__(__name__, fromlist=["_graph"]), "_graph", lambda: loop)
+    with pytest.raises(pytest.fail.Exception, match="folder loop: dispatcher.gpu -> "
+                       "dispatcher.sglang -> dispatcher.gpu.*sglang.standins -> "
+                       "dispatcher.gpu.emulated"):
+        test_no_folder_loop()
