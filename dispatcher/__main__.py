@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .procs import Terminated, child_env, die_with_parent, python_child, seconds_arg as _seconds
+from .sandbox.procs import Terminated, child_env, die_with_parent, python_child, seconds_arg as _seconds
 
 OK, VIOLATED, BAD_INPUT, INTERNAL = 0, 1, 2, 3
 DEFAULT_POLICY = "dispatcher.sizing:ideal_rule"
@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .procs import raise_on_sigterm
+    from .sandbox.procs import raise_on_sigterm
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)  # exits 2 on bad arguments

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from .engines import ENGINES
-from .procs import OutputFlood, alive, child_env, python_child, run_bounded
+from .sandbox.procs import OutputFlood, alive, child_env, python_child, run_bounded
 from .runner import suite_args
 
 __all__ = ["main", "bisect", "BisectError", "GateJudge", "Verdict", "PROPERTIES", "GOOD",

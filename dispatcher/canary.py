@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from .engines import ENGINES
 from .model.generations import GENERATIONS, UnknownGeneration, generation_of
-from .wheels import ReleaseError
+from .releases.wheels import ReleaseError
 
 __all__ = ["Row", "newest_on_index", "judge_engine", "judge_flashinfer", "canary", "main",
            "NOT_JUDGED"]

@@ -37,7 +37,7 @@ def _replay(args: List[str]) -> int:
 def _fetch(args: List[str]) -> int:
     from .engines import ENGINES
     from .flashinfer import fetch as flashinfer
-    from .wheels import fetch_main
+    from .releases.wheels import fetch_main
 
     packages = {name: (e.package, lambda e=e: e.releases) for name, e in ENGINES.items()}
     packages["flashinfer"] = (lambda: flashinfer.PACKAGE, lambda: flashinfer.PINNED)

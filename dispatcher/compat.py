@@ -18,7 +18,7 @@ from typing import Dict, List, Tuple
 from .engines import ENGINES, engine_of_spec
 from .model.generations import GENERATIONS, using
 from .model.world import World
-from .wheels import ReleaseError
+from .releases.wheels import ReleaseError
 
 __all__ = ["cell", "table", "markdown", "step_for", "specs"]
 

@@ -5,7 +5,7 @@ imported only when that engine is used (so torch is needed only for an engine po
 
 An engine package ``dispatcher/<name>/`` provides: ``fetch.py`` with ``PACKAGE`` (its files on
 the package index, cached and verified), ``RELEASES`` (the pinned releases, oldest first) and
-``NEEDED`` (its code the gate runs beside the dispatcher file, ``dispatcher.companions``);
+``NEEDED`` (its code the gate runs beside the dispatcher file, ``dispatcher.releases.companions``);
 ``loader.py`` with ``release_from_spec(target)`` (an ``EnginePolicy``, ``model/engine.py``);
 ``verdicts.py`` with ``TITLE``, ``default_specs()`` and ``tables(specs)``.
 """

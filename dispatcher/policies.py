@@ -23,7 +23,7 @@ from typing import Tuple
 
 from .engines import ENGINES, engine_of_spec
 from .mutants import MUTANTS
-from .procs import DROP_CWD, OutputFlood, child_env, run_bounded
+from .sandbox.procs import DROP_CWD, OutputFlood, child_env, run_bounded
 from .sizing import KNOWN_BAD_RULES, Policy, ideal_rule
 
 __all__ = ["DEFAULT_POLICY", "NAMED", "PolicyError", "load_policy", "probe_policy", "engine_spec",

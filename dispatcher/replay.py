@@ -165,7 +165,7 @@ def run(args) -> int:
 
         CALL_TIMEOUT.set(args.rule_timeout_s)
     if args.newest_companions:
-        from .companions import NEWEST_ENV
+        from .releases.companions import NEWEST_ENV
 
         os.environ[NEWEST_ENV] = "1"
     if args.flashinfer:

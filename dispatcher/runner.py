@@ -25,7 +25,7 @@ def _suite() -> Tuple[Path, List[str], List[str]]:
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("a2a-gate: the suite (dispatcher.suite) is not installed with the gate")
     suite = Path(list(spec.submodule_search_locations)[0])
-    from .wheels import user_cache  # pytest's cache beside the releases, not in site-packages
+    from .releases.wheels import user_cache  # pytest's cache beside the releases, not in site-packages
 
     return (suite, ["-c", os.devnull, "--rootdir", str(suite), "-p", "dispatcher.plugin",
                     *INI_ARGS], ["-o", f"cache_dir={user_cache() / 'pytest-cache'}"])
@@ -61,7 +61,7 @@ def hypothesis_home() -> Path:
     caches; never the folder a command is run from (an engine's checkout)."""
     if (_REPO / "pyproject.toml").is_file():
         return _REPO / ".hypothesis"
-    from .wheels import user_cache
+    from .releases.wheels import user_cache
 
     return user_cache() / "hypothesis-home"
 

@@ -44,7 +44,7 @@ from .model.generations import active, using
 from .model.guard import CALL_TIMEOUT, CallTimedOut, GateInterrupt, guarded
 from .model.world import World
 from .policies import NAMED, PolicyError, runs_foreign_code, load_policy, load_timeout_s
-from .procs import DROP_CWD, MAX_OUTPUT_BYTES, child_env, die_with_parent
+from .sandbox.procs import DROP_CWD, MAX_OUTPUT_BYTES, child_env, die_with_parent
 
 __all__ = ["load_supervised", "prestart", "SupervisedPolicy", "deadline_s", "PolicyProcessLost", "stop_all"]
 
@@ -512,7 +512,7 @@ def prestart(spec: str) -> Optional[SupervisedPolicy]:
 def _where(spec: str):
     """What decides which code ``spec`` loads: the spec, the path it is found on, the folder
     it is run from, and the switches the engines' loaders read."""
-    from .companions import NEWEST_ENV
+    from .releases.companions import NEWEST_ENV
 
     return spec, child_env(spec)["PYTHONPATH"], os.getcwd(), os.environ.get(NEWEST_ENV)
 

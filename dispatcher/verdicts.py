@@ -14,9 +14,9 @@ DEFAULT_TIMEOUT_S = 4 * 3600.0
 
 from .engines import ENGINES, engine_of_spec
 from .model.properties import PropertyViolation
-from .procs import seconds_arg as _seconds
+from .sandbox.procs import seconds_arg as _seconds
 from .supervised import PolicyProcessLost, load_supervised
-from .wheels import ReleaseError
+from .releases.wheels import ReleaseError
 
 DEFAULT_ENGINE = next(iter(ENGINES))  # a bare version or path: SGLang's
 
@@ -97,7 +97,7 @@ def _loader(engine):
 
 def _in_child(argv, args) -> int:
     """Run the tables in a child process; print what it printed; 0 only where it finished."""
-    from .procs import OutputFlood, child_env, python_child, run_bounded
+    from .sandbox.procs import OutputFlood, child_env, python_child, run_bounded
 
     specs = " ".join(args.specs)
     try:

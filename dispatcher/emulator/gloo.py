@@ -12,8 +12,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..emulator.a2a import A2AModel
-from ..emulator.inputs import RankInputs
+from .a2a import A2AModel
+from .inputs import RankInputs
 from ..model.payloads import PayloadSpec
 from ..model.world import owners_of
 

@@ -1,7 +1,7 @@
 """``python -m dispatcher.flashinfer fetch [VERSION ...]``: pre-fill the verified source cache."""
 import sys
 
-from ..wheels import fetch_main
+from ..releases.wheels import fetch_main
 from .fetch import PACKAGE, PINNED
 
 if __name__ == "__main__":

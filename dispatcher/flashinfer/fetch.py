@@ -1,5 +1,5 @@
 """FlashInfer's A2A source files from a release on PyPI, a local wheel or a checkout, verified
-(the cache and its checks: ``dispatcher/wheels.py``). The gate reads them, never imports them:
+(the cache and its checks: ``dispatcher/releases/wheels.py``). The gate reads them, never imports them:
 the API each generation offers engines (``api.py``) and the host C++ that lays out its
 workspace (``host_layout.py``) come from these files.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model.generations import GENERATIONS
-from ..wheels import Package, ReleaseError
+from ..releases.wheels import Package, ReleaseError
 
 __all__ = ["ReleaseError", "PACKAGE", "ONE_SIDED", "COMM_INIT", "MOE_A2A_072", "TWO_SIDED",
            "TWO_SIDED_EP",

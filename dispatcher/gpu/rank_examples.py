@@ -10,7 +10,7 @@ import os
 import pickle
 from typing import List
 
-from ..procs import alive
+from ..sandbox.procs import alive
 
 
 __all__ = ["AgreementAborted", "KernelRefused", "AGREE_TIMEOUT_S", "agree", "rank_value",

@@ -40,7 +40,7 @@ from multiprocessing.reduction import ForkingPickler
 
 from ..model.generations import active, using
 from . import env
-from ..procs import alive
+from ..sandbox.procs import alive
 from .rank_examples import (AgreementAborted, KernelRefused, one_world,
                             run_sglang_example)
 

@@ -3,7 +3,7 @@ FlashInfer's module), started in the background by the one process that will use
 collects and runs other tests.
 
 The tests that share such a resource carry its ``xdist_group``; the gate's scheduler
-(``dispatcher/plugin.py``) pins each of these groups to one xdist worker known before the run
+(``dispatcher/plugin/__init__.py``) pins each of these groups to one xdist worker known before the run
 (``pinned_worker``), so that worker starts the resource right after collection
 (``start_for``), and the tests' fixtures ``take`` it (waiting for it, or starting it then
 where nothing was started). One definition of each resource (``RESOURCES``) serves both.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Dict, Iterable, Optional
 
-from ..standins import MODULE_TABLE
+from ..sandbox.standins import MODULE_TABLE
 
 __all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused"]
 

@@ -1,5 +1,5 @@
 """SGLang's dispatcher file from a release on PyPI, a local wheel or a checkout, verified
-(the cache and its checks: ``dispatcher/wheels.py``).
+(the cache and its checks: ``dispatcher/releases/wheels.py``).
 
     python -m dispatcher.sglang fetch 0.5.10 0.5.23     # pre-fill the cache (CI does this)
     A2A_GATE_SGLANG_CACHE=/path                          # where the cache lives (default .sglang/)
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tree import EngineCode
-from ..wheels import Package, ReleaseError, sha256
+from ..releases.tree import EngineCode
+from ..releases.wheels import Package, ReleaseError, sha256
 # The dispatcher file and the files beside it whose functions decide what it sees (kept with
 # the dispatcher file when a release has them): sources.py, one record per piece
 from .sources import (COMMON, COMPANIONS, DP_ATTN, MOE_HOOK, NEEDED, OVERRIDES, RELEASE_FILE,
@@ -23,7 +23,7 @@ __all__ = ["ReleaseError", "RELEASES", "NEEDED", "PACKAGE", "CODE", "RELEASE_FIL
 CACHE_ENV = "A2A_GATE_SGLANG_CACHE"
 PACKAGE = Package("sglang", (RELEASE_FILE,), COMPANIONS, CACHE_ENV, "SGLang's flashinfer.py",
                   Path(__file__).with_name("pins.json"))
-# the tree under test: the dispatcher file and SGLang's own code beside it (dispatcher/tree.py)
+# the tree under test: the dispatcher file and SGLang's own code beside it (dispatcher/releases/tree.py)
 CODE = EngineCode(PACKAGE, NEEDED, RELEASES, "SGLang", VERSION_FILES)
 
 cache_dir = PACKAGE.cache_dir

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..model.mnnvl import workspace_size_per_rank
-from ..standins import Launched, flashinfer_api
+from ..sandbox.standins import Launched, flashinfer_api
 
 __all__ = ["LaunchRecord", "MoeAlltoAll", "moe_a2a_get_workspace_size_per_rank",
            "torch_distributed_comm_backend"]

@@ -40,7 +40,7 @@ from typing import Callable, List, Optional, Sequence
 
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
-from ..release_code import (
+from ..sandbox.release_code import (
     FileNamespace,
     Strict,
     UnmodelledAttribute,

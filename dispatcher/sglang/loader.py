@@ -28,10 +28,10 @@ from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
 from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..companions import Companions, defines
-from ..engine_tensors import stand_in_rows
-from ..tree import Tree
-from ..standins import UnmodelledCode, UnmodelledFinder, exec_engine_file, reentrant
+from ..releases.companions import Companions, defines
+from ..sandbox.engine_tensors import stand_in_rows
+from ..releases.tree import Tree
+from ..sandbox.standins import UnmodelledCode, UnmodelledFinder, exec_engine_file, reentrant
 from . import fetch
 from .forward import ReleaseCodeError
 from .report import (EMPTY_LIST, Outcome, SGLangAssertion,  # noqa: F401 - re-exported
@@ -409,7 +409,7 @@ _LOADED: Dict[tuple, SGLangRelease] = {}
 
 
 def tree_of(path, label: Optional[str] = None) -> Tree:
-    """The tree of one dispatcher ``flashinfer.py`` (``dispatcher/tree.py``): read, nothing of
+    """The tree of one dispatcher ``flashinfer.py`` (``dispatcher/releases/tree.py``): read, nothing of
     it run; a file that is no SGLang dispatcher file is refused before its companions are
     looked for."""
     path = Path(path).resolve()

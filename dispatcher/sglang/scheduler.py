@@ -4,7 +4,7 @@ The dispatcher reads ``get_dp_global_num_tokens()`` and its rows; both are made 
 by the server-arg checks (which topologies may use FlashInfer's A2A at all), the scheduler's DP
 gather and the speculative workers' per-forward counts. This module runs those functions from
 the release's (or the checkout's) own files, each compiled alone on stand-in inputs
-(``Tree.function``, ``dispatcher/tree.py``), so a reader can hold it line by line against SGLang:
+(``Tree.function``, ``dispatcher/releases/tree.py``), so a reader can hold it line by line against SGLang:
 
 ====================================  =========================================================
 SGLang function (paths under srt/)    what it decides here
@@ -30,7 +30,7 @@ CUDA-graph runner's bucket choice run from the release too (``forward.py``). Wha
 in is documented in docs/sglang.md: the capture sizes, the runner's ``can_run`` check and the
 list a capture publishes. Which file each function comes from (the tree, the release a
 lone file is identical to, or the newest release standing in) is the tree's answer
-(``dispatcher/tree.py``); ``Scheduler.sources`` names it in every message.
+(``dispatcher/releases/tree.py``); ``Scheduler.sources`` names it in every message.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
-from ..tree import Tree
+from ..releases.tree import Tree
 from ..model.sglang_context import SGLangContext
 from ..model.world import World
 from .forward import GraphRunner, Padded, Padding
@@ -143,7 +143,7 @@ class Scheduler:
                          global_num_tokens=None if skip else counts,
                          global_num_tokens_for_logprob=None if skip else counts)
         batch = _Anything()
-        if self.update_gather_batch is None:  # dispatcher.companions refuses such a tree
+        if self.update_gather_batch is None:  # dispatcher.releases.companions refuses such a tree
             raise LookupError(f"no _update_gather_batch() to run ({self.sources['gather']})")
         self.update_gather_batch(batch, info, require_gather)
         return batch.global_num_tokens

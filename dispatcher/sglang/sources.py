@@ -11,8 +11,8 @@ import functools
 from pathlib import Path
 from typing import Optional, Tuple
 
-from ..companions import Needed, parse
-from ..release_code import find_def
+from ..releases.companions import Needed, parse
+from ..sandbox.release_code import find_def
 
 __all__ = ["RELEASES", "RELEASE_FILE", "COMMON", "OVERRIDES", "DP_ATTN", "SPEC_INFO", "MOE_HOOK",
            "SERVER_ARGS", "VERSION_FILES", "COMPANIONS", "NEEDED", "TOPOLOGY_ASSERT",

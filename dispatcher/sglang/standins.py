@@ -20,7 +20,7 @@ from typing import Callable, Dict, NamedTuple, Optional
 from ..model.sglang_context import DERIVED_CAP_FLOOR, SGLangContext
 from ..model.validation import CAP_ENV
 from ..model.world import World
-from ..standins import (FlashInferStandIn, Launched, StandIn, build_modules, flashinfer_api,  # noqa: F401
+from ..sandbox.standins import (FlashInferStandIn, Launched, StandIn, build_modules, flashinfer_api,  # noqa: F401
                         fp4_quantize, identity, mxfp8_quantize)
 from .flashinfer_side import (LaunchRecord, MoeAlltoAll, moe_a2a_get_workspace_size_per_rank,  # noqa: F401
                               torch_distributed_comm_backend)

@@ -2,7 +2,7 @@
 every release the verdict table pins)."""
 import sys
 
-from ..wheels import fetch_main
+from ..releases.wheels import fetch_main
 from .fetch import PACKAGE
 from .verdicts import RELEASES
 

@@ -1,5 +1,5 @@
 """vLLM's FlashInfer prepare/finalize files from a release on PyPI, a local wheel or a
-checkout, verified (the cache and its checks: ``dispatcher/wheels.py``).
+checkout, verified (the cache and its checks: ``dispatcher/releases/wheels.py``).
 
     python -m dispatcher.vllm fetch 0.18.0 0.33.0      # pre-fill the cache (CI does this)
     A2A_GATE_VLLM_CACHE=/path                          # where the cache lives (default .vllm/)
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..companions import Needed
-from ..tree import EngineCode
-from ..wheels import Package, ReleaseError
+from ..releases.companions import Needed
+from ..releases.tree import EngineCode
+from ..releases.wheels import Package, ReleaseError
 
 __all__ = ["ReleaseError", "RELEASES", "NEEDED", "VERSION_FILES", "PACKAGE", "ONE_SIDED",
            "TWO_SIDED", "FORWARD_CONTEXT", "RELEASE_MODULES", "JUDGED_ON", "CACHE_ENV", "CODE"]
@@ -38,7 +38,7 @@ RELEASES = ("0.18.0", "0.20.0", "0.24.0", "0.28.0", "0.32.0", "0.33.0", "0.34.0"
 # 0.7.4. The older releases call 0.7.2's API (``generations.PINNED_RELEASES_GENERATION``).
 JUDGED_ON = {"0.34.0": "0.7.4"}
 VERSION_FILES = ("vllm/_version.py",)  # what release a tree says it is (written at build)
-# vLLM's own code the gate runs beside the prepare/finalize file (dispatcher.companions)
+# vLLM's own code the gate runs beside the prepare/finalize file (dispatcher.releases.companions)
 NEEDED = (Needed("_compute_sp_num_tokens", (FORWARD_CONTEXT,), "0.18.0",
                  decides="each rank's share of its DP rank's tokens under SP"),)
 # vLLM's own modules the file under test reaches, run from the release (``release_modules.py``):
@@ -57,5 +57,5 @@ RELEASE_MODULES = {
 CACHE_ENV = "A2A_GATE_VLLM_CACHE"
 PACKAGE = Package("vllm", ONE_SIDED, (FORWARD_CONTEXT,) + TWO_SIDED + tuple(RELEASE_MODULES.values()), CACHE_ENV,
                   "vLLM's flashinfer_nvlink_one_sided.py", Path(__file__).with_name("pins.json"))
-# the tree under test: the prepare/finalize file and vLLM's own code beside it (dispatcher/tree.py)
+# the tree under test: the prepare/finalize file and vLLM's own code beside it (dispatcher/releases/tree.py)
 CODE = EngineCode(PACKAGE, NEEDED, RELEASES, "vLLM", VERSION_FILES)

@@ -41,11 +41,11 @@ from ..model.engine import EnginePolicy, EngineStep
 from ..model.guard import GateInterrupt
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
-from ..companions import Companions
-from ..tree import Tree
-from ..engine_tensors import stand_in_rows
-from ..standins import StandIn, exec_engine_file, reentrant
-from ..wheels import ReleaseError
+from ..releases.companions import Companions
+from ..releases.tree import Tree
+from ..sandbox.engine_tensors import stand_in_rows
+from ..sandbox.standins import StandIn, exec_engine_file, reentrant
+from ..releases.wheels import ReleaseError
 from . import fetch
 from .fetch import RELEASE_MODULES
 from .release_modules import MANAGER_CLASSES, CpuGroup, release_modules, runtime_patches
@@ -179,7 +179,7 @@ class VLLMRelease(EnginePolicy):
     loaded: Dict[str, object]  # FlashInfer generation -> the file executed against it
     sha256: str
     side: str
-    compute_sp: Callable = None  # vLLM's _compute_sp_num_tokens (dispatcher.companions)
+    compute_sp: Callable = None  # vLLM's _compute_sp_num_tokens (dispatcher.releases.companions)
     tree: Optional[Tree] = None  # the tree under test: the vLLM code beside the file
     _instances: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict, repr=False)
     _inputs: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
@@ -422,7 +422,7 @@ def _exec(path: Path, digest: str, version: str, side: str, root: Optional[Path]
 
 
 def tree_of(path, label: Optional[str] = None) -> Tree:
-    """The tree of one prepare/finalize file (``dispatcher/tree.py``): read, nothing of it run;
+    """The tree of one prepare/finalize file (``dispatcher/releases/tree.py``): read, nothing of it run;
     its ``root`` is the tree whose vLLM modules run beside it (its own, or for a lone file the
     release its companions come from: the one it is identical to, else the newest pinned)."""
     path = Path(path).resolve()

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Dict, Optional
 from unittest import mock
 
-from ..standins import (Launched, Unmodelled, UnmodelledCode,  # noqa: F401
+from ..sandbox.standins import (Launched, Unmodelled, UnmodelledCode,  # noqa: F401
                         UnmodelledFinder, flashinfer_api)
-from ..wheels import ReleaseError
+from ..releases.wheels import ReleaseError
 from .fetch import RELEASE_MODULES
 
 __all__ = ["UnmodelledCode", "Unmodelled", "ReleaseModules", "release_modules",

@@ -22,7 +22,7 @@ from typing import Callable, Dict, Optional
 
 from ..model.payloads import PayloadFormat
 from ..model.world import World
-from ..standins import Launched, build_modules, flashinfer_api, quantized_zeros
+from ..sandbox.standins import Launched, build_modules, flashinfer_api, quantized_zeros
 
 __all__ = ["Launched", "Launch", "State", "current", "stand_in_modules", "QuantConfig"]
 

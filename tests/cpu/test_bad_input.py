@@ -90,9 +90,9 @@ def test_a_large_valid_world_replays_in_bounded_memory_and_time():
 
 def test_an_engine_handed_millions_of_rows_costs_no_memory_for_them():
     """An engine file sizes from shapes: past 32 MiB its stand-in rows are one row broadcast
-    (dispatcher/engine_tensors.py), so this replay's child stays near torch's own size."""
+    (dispatcher/sandbox/engine_tensors.py), so this replay's child stays near torch's own size."""
     pytest.importorskip("torch")
-    from dispatcher.engine_tensors import stand_in_rows
+    from dispatcher.sandbox.engine_tensors import stand_in_rows
 
     hidden, weights, ids = stand_in_rows(5_000_000, 7168, 8, 256)
     assert hidden.shape == (5_000_000, 7168) and weights.shape == ids.shape == (5_000_000, 8)
@@ -280,7 +280,7 @@ def test_the_profiles_mean_the_same_on_a_ci_runner(ci_variable):
     """Where a CI's variable is set, Hypothesis loads its own "ci" profile at import; the gate's
     profiles are built on Hypothesis's "default" one, so dev still searches at random and keeps
     the database the repro profile replays (on CI runners it kept neither: repro refused)."""
-    probe = ("from dispatcher.plugin_profiles import PROFILES as P; "
+    probe = ("from dispatcher.plugin.profiles import PROFILES as P; "
              "print(P['dev'].derandomize, P['dev'].database is None, P['dev'].print_blob, "
              "P['thorough'].derandomize, P['ci'].derandomize, P['ci'].database is None)")
     env = {**os.environ, ci_variable: "true"}
@@ -303,7 +303,7 @@ def test_installed_runs_keep_their_caches_beside_the_releases(monkeypatch, tmp_p
     monkeypatch.setattr(runner, "_REPO", tmp_path / "no-checkout")
     args = runner.suite_args()
     assert f"cache_dir={tmp_path / 'a2a-sizing-gate' / 'pytest-cache'}" in args
-    from dispatcher.plugin_profiles import policy_folder
+    from dispatcher.plugin.profiles import policy_folder
 
     policy = {"--policy": "mypkg.sizing:rule"}.get
     installed = SimpleNamespace(rootpath=Path(dispatcher.__file__).resolve().parent / "suite",

@@ -13,7 +13,7 @@ import pytest
 
 from dispatcher.sglang import fetch
 from dispatcher.sglang.verdicts import RELEASES
-from dispatcher.wheels import MAX_MEMBER_BYTES, ReleaseError, _sweep
+from dispatcher.releases.wheels import MAX_MEMBER_BYTES, ReleaseError, _sweep
 
 NEWEST = RELEASES[-1]
 
@@ -136,7 +136,7 @@ def test_two_gate_versions_share_a_cache_without_fetching_again(cache):
 
 @pytest.mark.parametrize("home", ["", "/"])
 def test_an_empty_home_never_puts_the_cache_at_the_root(monkeypatch, home):
-    from dispatcher.wheels import user_cache
+    from dispatcher.releases.wheels import user_cache
 
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", home)
@@ -166,7 +166,7 @@ def test_fetch_pin_writes_a_pin_the_next_fetch_enforces(tmp_path, monkeypatch, c
     names must still match."""
     import dataclasses
 
-    from dispatcher.wheels import fetch_main
+    from dispatcher.releases.wheels import fetch_main
 
     monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
     pins = tmp_path / "pins.json"
@@ -203,8 +203,8 @@ def test_fetch_pin_writes_a_pin_the_next_fetch_enforces(tmp_path, monkeypatch, c
 def test_an_installed_gate_never_rewrites_its_pins(tmp_path, monkeypatch, capsys):
     """``fetch --pin`` in an installed gate (no checkout around it) would rewrite the pins.json
     inside site-packages: refused before anything is fetched, naming the file."""
-    from dispatcher import wheels
-    from dispatcher.wheels import fetch_main
+    from dispatcher.releases import wheels
+    from dispatcher.releases.wheels import fetch_main
 
     monkeypatch.setattr(wheels, "_REPO", tmp_path / "site-packages")
     before = Path(fetch.PACKAGE.pins_file).read_bytes()

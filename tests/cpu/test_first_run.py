@@ -10,7 +10,7 @@ import pytest
 from .. import CONFTEST
 
 from dispatcher.sglang import fetch
-from dispatcher.wheels import Package
+from dispatcher.releases.wheels import Package
 
 
 
@@ -54,7 +54,7 @@ def test_extract_adopts_a_verified_copy_put_there_first(tmp_path, monkeypatch):
     loser uses the winner's copy once it verifies, instead of failing."""
     import os
 
-    from dispatcher import wheels
+    from dispatcher.releases import wheels
 
     monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
     wheel = _fake_wheel(tmp_path / "w.whl")

@@ -15,7 +15,7 @@ from .. import CONFTEST, SOURCE, hostile_folder
 
 from dispatcher.model import properties
 from dispatcher.model.world import World
-from dispatcher.procs import DROP_CWD
+from dispatcher.sandbox.procs import DROP_CWD
 
 WORLD = World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4)
 
@@ -198,7 +198,7 @@ LATE_WORDS = {"exit0_at_exit": "[positive]", "exit0_in_call": "called os._exit(0
 ONE_TEST = """
 from dispatcher.model import properties
 from dispatcher.model.world import World
-from dispatcher.procs import DROP_CWD
+from dispatcher.sandbox.procs import DROP_CWD
 def test_calls_the_rule(policy, policy_spec):
     world = World(ep_size=2, dp_size=1, group_tokens=(0,), max_num_tokens=4)
     properties.check_all(world, properties.rule_values(policy, world, policy_spec), policy_spec)
@@ -348,7 +348,7 @@ def test_a_module_that_prints_without_end_at_import_is_stopped_at_once(hostile, 
     killed and the load refused by name, long before its timeout (it filled 0.5-0.8 GB/s)."""
     import time
 
-    from dispatcher import procs
+    from dispatcher.sandbox import procs
     from dispatcher.policies import PolicyError, probe_policy
 
     (hostile / "floods.py").write_text("while True:\n    print('x' * 65536)\n")

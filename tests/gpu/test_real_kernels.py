@@ -15,7 +15,7 @@ import pytest
 from hypothesis import event, example, given, settings
 
 from dispatcher.gpu.env import flashinfer_missing
-from dispatcher.plugin_profiles import PROFILES
+from dispatcher.plugin.profiles import PROFILES
 from dispatcher.model import properties
 from dispatcher.model.validation import validate
 from dispatcher.model.world import MoeConfig, World

@@ -1,4 +1,4 @@
-"""The engine code the gate runs beside a dispatcher file (``dispatcher.companions``): the table
+"""The engine code the gate runs beside a dispatcher file (``dispatcher.releases.companions``): the table
 of what each release has is the pinned releases' truth, and a tree that lacks a piece its
 release has is refused by name, never answered by a silent default."""
 import os
@@ -13,7 +13,7 @@ from .. import needs_torch
 
 NEEDS_TORCH = needs_torch(reason="the engines' files need torch: pip install torch==2.13.0")
 
-from dispatcher.companions import NEWEST_ENV  # noqa: E402
+from dispatcher.releases.companions import NEWEST_ENV  # noqa: E402
 from dispatcher.policies import PolicyError, load_policy  # noqa: E402
 from dispatcher.sglang import fetch, sources  # noqa: E402
 from dispatcher.vllm import fetch as vfetch  # noqa: E402
@@ -46,7 +46,7 @@ def test_every_pinned_release_imports_each_piece_from_its_home():
     """Following a pinned release's own imports (the dispatcher file, the scheduler's gather,
     the forward batch, the runners) leads each piece to the home the table names: the two
     ways of finding the engine's code agree wherever both apply."""
-    from dispatcher.companions import _find, _imported
+    from dispatcher.releases.companions import _find, _imported
 
     for version in sources.RELEASES:
         root = _root(fetch.PACKAGE, version)
@@ -197,8 +197,8 @@ def test_a_companion_function_runs_nothing_of_its_file_but_its_body(tmp_path):
     file's code at load); a decorated one is refused by name, since the decorator decides
     which object Python binds (running the bare def could run the wrong one), and nothing of
     the file runs either way."""
-    from dispatcher.companions import Unevaluated, companion_function
-    from dispatcher.wheels import ReleaseError
+    from dispatcher.releases.companions import Unevaluated, companion_function
+    from dispatcher.releases.wheels import ReleaseError
 
     marker = tmp_path / "ran"
     src = tmp_path / "common.py"
@@ -226,7 +226,7 @@ def test_a_companion_function_runs_nothing_of_its_file_but_its_body(tmp_path):
 def test_a_companion_under_functools_cache_is_run_as_its_own_function(tmp_path, head, decorator):
     """functools' caches return what the function returns: the gate runs the function itself
     (the #27945 fix undone under ``@lru_cache`` still fails), for each step's server args."""
-    from dispatcher.companions import companion_function
+    from dispatcher.releases.companions import companion_function
 
     src = tmp_path / "common.py"
     src.write_text(f"{head}\n{decorator}\ndef require_mlp_tp_gather(flag=False):\n    return flag\n")
@@ -242,8 +242,8 @@ def test_a_companion_under_functools_cache_is_run_as_its_own_function(tmp_path, 
     ("from functools import lru_cache\n", "@lru_cache(maxsize=size())"),
 ])
 def test_a_companion_under_another_decorator_is_refused(tmp_path, head, decorator):
-    from dispatcher.companions import companion_function
-    from dispatcher.wheels import ReleaseError
+    from dispatcher.releases.companions import companion_function
+    from dispatcher.releases.wheels import ReleaseError
 
     src = tmp_path / "common.py"
     src.write_text(f"{head}\n{decorator}\ndef require_mlp_tp_gather(flag=False):\n    return flag\n")
@@ -259,7 +259,7 @@ def test_a_companion_under_another_decorator_is_refused(tmp_path, head, decorato
 def test_a_companion_is_the_object_python_binds(tmp_path, how):
     """SGLang #27945's fix undone by a later binding of the name: Python runs the last one, so
     the gate runs that one (a second ``def``, a rebinding to another def, followed)."""
-    from dispatcher.companions import companion_function
+    from dispatcher.releases.companions import companion_function
 
     src = tmp_path / "dp_attention.py"
     src.write_text("def require_mlp_tp_gather(server_args=None):\n    return False\n\n" + how)
@@ -277,8 +277,8 @@ def test_a_companion_is_the_object_python_binds(tmp_path, how):
 def test_a_companion_python_would_resolve_at_run_time_is_refused(tmp_path, how, words):
     """Where the object depends on what runs at import (an import, a condition, a call), the
     gate cannot tell which it is: the tree is refused by name, never run on the wrong one."""
-    from dispatcher.companions import companion_function
-    from dispatcher.wheels import ReleaseError
+    from dispatcher.releases.companions import companion_function
+    from dispatcher.releases.wheels import ReleaseError
 
     src = tmp_path / "dp_attention.py"
     src.write_text("def require_mlp_tp_gather(server_args=None):\n    return False\n\n" + how)

@@ -10,7 +10,7 @@ from .. import needs_torch
 
 NEEDS_TORCH = needs_torch(reason="SGLang's dispatcher needs torch: pip install torch==2.13.0")
 
-from dispatcher.companions import NEWEST_ENV  # noqa: E402
+from dispatcher.releases.companions import NEWEST_ENV  # noqa: E402
 from dispatcher.model.sglang_context import CAPTURE_SIZES, SGLangContext  # noqa: E402
 from dispatcher.model.world import World  # noqa: E402
 from dispatcher.policies import load_policy  # noqa: E402

@@ -11,19 +11,20 @@ from .. import SOURCE
 
 
 LAYERS = {  # module prefix -> layer (lower is more basic)
-    "dispatcher.sizing": 0, "dispatcher.mutants": 0,
-    "dispatcher.model": 1, "dispatcher.wheels": 1, "dispatcher.companions": 1, "dispatcher.tree": 1,
-    "dispatcher.release_code": 1,
-    "dispatcher.procs": 0, "dispatcher.engines": 1, "dispatcher.runner": 1,
-    "dispatcher.engine_tensors": 1,
-    "dispatcher.emulator": 2, "strategies": 2, "dispatcher.flashinfer": 2, "dispatcher.standins": 2,
+    "dispatcher.sizing": 0, "dispatcher.mutants": 0, "dispatcher.sandbox": 0,
+    "dispatcher.sandbox.procs": 0,
+    "dispatcher.model": 1, "dispatcher.engines": 1, "dispatcher.runner": 1,
+    "dispatcher.releases": 1, "dispatcher.sandbox.release_code": 1,
+    "dispatcher.sandbox.engine_tensors": 1,
+    "dispatcher.emulator": 2, "strategies": 2, "dispatcher.flashinfer": 2,
+    "dispatcher.sandbox.standins": 2,
     "dispatcher.gpu": 3, **{f"dispatcher.{name}": 3 for name in ENGINES},  # an engine's folder
     "dispatcher.cross_round_verdicts": 3,
-    "dispatcher.policies": 4, "dispatcher.supervised": 4, "dispatcher.__main__": 4, "dispatcher.verdicts": 4,
-    "dispatcher.compat": 4, "dispatcher.canary": 4,
+    "dispatcher.policies": 4, "dispatcher.supervised": 4, "dispatcher.__main__": 4,
+    "dispatcher.verdicts": 4, "dispatcher.compat": 4, "dispatcher.canary": 4,
     "dispatcher": 4,  # the package's __init__ re-exports the model's names
-    "dispatcher.plugin": 5, "dispatcher.plugin_fixtures": 5, "dispatcher.plugin_exit": 5,
-    "dispatcher.plugin_profiles": 5, "dispatcher.bisect": 6, "dispatcher.cli": 6,
+    "dispatcher.plugin": 5,  # the pytest plugin: its hooks, fixtures, profiles, exit status
+    "dispatcher.bisect": 6, "dispatcher.cli": 6,
 }
 # Every importlib door of the gate's modules, (module, function) -> the gate's modules it opens
 # (engine code the user names, or the standard library, open none of the gate's): a new door
@@ -33,7 +34,7 @@ DOORS = {
                                             for part in ("fetch", "loader", "verdicts")),
     ("dispatcher.gpu.ops", "ops_of"): ("dispatcher.gpu.mnnvl", "dispatcher.gpu.one_sided"),
     ("dispatcher.policies", "load_policy"): (),  # the user's own rule module
-    ("dispatcher.release_code", "_resolve_import"): (),  # the standard library, for engine code
+    ("dispatcher.sandbox.release_code", "_resolve_import"): (),  # the standard library, for engine code
 }
 SUITE_PACKAGE = "dispatcher.suite"  # the tests, installed: the top layer, not checked here
 # Imported inside a function on purpose, named here so that nothing else creeps in:

@@ -2,7 +2,7 @@
 an edit SGLang can reach still fails.
 
 The gate's verdict on an SGLang file depends on the file only through what it runs: the file's
-bytes and the SGLang code beside it (``dispatcher.companions``: the key of a loaded release).
+bytes and the SGLang code beside it (``dispatcher.releases.companions``: the key of a loaded release).
 So a copy whose key is its release's gets its release's verdict, which the suite measures on
 every run (tests/sglang/test_releases.py holds each release to its row of docs/sglang.md, and
 the SGLang tier gates the newest release by default). These tests check that key in-process for

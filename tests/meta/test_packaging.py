@@ -41,7 +41,7 @@ def test_a2a_gate_runs_the_suite_from_outside_the_repository(tmp_path, monkeypat
     """From any folder, as its console script runs it: the whole suite is collected, and what
     lies in that folder (a ``json.py``, ``socket.py``, ``struct.py``) is never imported by the
     gate's processes (the controller, the policy's probe, xdist's workers)."""
-    from dispatcher.procs import DROP_CWD
+    from dispatcher.sandbox.procs import DROP_CWD
 
     rules, here = hostile_folder(tmp_path)
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -87,7 +87,7 @@ def test_an_sglang_file_that_keeps_its_first_runtime_fails_a_two_step_sequence(t
     the first step it ran: every single step on fresh dispatchers passes, and the serving
     sequence test fails it, shrunk to two steps, with a replay line for the sequence."""
     pytest.importorskip("torch")
-    from dispatcher.companions import NEWEST_ENV
+    from dispatcher.releases.companions import NEWEST_ENV
     from dispatcher.policies import load_policy
     from dispatcher.sglang import fetch, sources
     from dispatcher.sglang.bug_classes import BUGS

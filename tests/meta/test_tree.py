@@ -1,4 +1,4 @@
-"""The tree under test (``dispatcher/tree.py``) is the one path from a ``--policy ENGINE:TARGET``
+"""The tree under test (``dispatcher/releases/tree.py``) is the one path from a ``--policy ENGINE:TARGET``
 to the engine code the gate runs: a release, a checkout and a lone file each resolve to one
 ``Tree``, the loaded policy runs what that tree resolved, and a piece is compiled as its module
 binds it."""

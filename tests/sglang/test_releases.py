@@ -22,7 +22,7 @@ from dispatcher.sglang.bug_classes import BUG_CLASSES, HAZARDS, check_step  # no
 from dispatcher.sglang.loader import load_release  # noqa: E402
 from dispatcher.sglang.verdicts import RELEASES  # noqa: E402
 from dispatcher.sizing import NotApplicable  # noqa: E402
-from dispatcher.wheels import ReleaseError  # noqa: E402
+from dispatcher.releases.wheels import ReleaseError  # noqa: E402
 from strategies import worlds  # noqa: E402
 from strategies.search import first_in, minimal, visited  # noqa: E402
 

@@ -24,15 +24,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 
-from dispatcher.plugin_profiles import PROFILES, _database, _saved_examples  # noqa: E402,F401
+from dispatcher.plugin.profiles import PROFILES, _database, _saved_examples  # noqa: E402,F401
 from hypothesis import settings  # noqa: E402
 
 from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
 from dispatcher.model.guard import CALL_TIMEOUT  # noqa: E402
-from dispatcher.plugin_exit import (_OPEN_CONFIGS, _OUTER_PROFILE,  # noqa: E402,F401
+from dispatcher.plugin.exit_status import (_OPEN_CONFIGS, _OUTER_PROFILE,  # noqa: E402,F401
                                     pytest_sessionfinish, pytest_unconfigure)
-from dispatcher.plugin_fixtures import (_engine_generation, engine_under_test,  # noqa: E402,F401
+from dispatcher.plugin.fixtures import (_engine_generation, engine_under_test,  # noqa: E402,F401
                                         load_release, pinned_releases, policy, policy_spec)
 from dispatcher.policies import (DEFAULT_POLICY, PolicyError, describe_policy,  # noqa: E402
                                  engine_spec, load_timeout_s, probe_policy)
@@ -140,12 +140,12 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--rule-timeout-s: {exc}") from None
     _choose_generation(config.getoption("--flashinfer"), config.getoption("--policy"))
     if config.getoption("--newest-companions"):
-        from dispatcher.companions import NEWEST_ENV
+        from dispatcher.releases.companions import NEWEST_ENV
         os.environ[NEWEST_ENV] = "1"  # workers and rank processes inherit it
     _preload_for_engine(config)
     if not hasattr(config, "workerinput"):  # once per run, in the controller
         spec = config.getoption("--policy")
-        from dispatcher.procs import keep_cwd_off_children_paths
+        from dispatcher.sandbox.procs import keep_cwd_off_children_paths
 
         keep_cwd_off_children_paths(spec)  # xdist's workers start as ``python -c``
         try:
@@ -184,7 +184,7 @@ def _preload_for_engine(config) -> None:
         return
 
     def preload():
-        from dispatcher.standins import MODULE_TABLE
+        from dispatcher.sandbox.standins import MODULE_TABLE
 
         with MODULE_TABLE:  # no engine sandbox swaps sys.modules meanwhile
             import torch  # noqa: F401
@@ -427,9 +427,9 @@ def _join_xdist_group(item) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist=loadgroup`` with the costly groups pinned (``dispatcher/scheduling.py``)."""
+    """``--dist=loadgroup`` with the costly groups pinned (``dispatcher/plugin/scheduling.py``)."""
     if config.getvalue("dist") == "loadgroup":
-        from dispatcher.scheduling import PinnedGroupScheduling
+        from dispatcher.plugin.scheduling import PinnedGroupScheduling
 
         return PinnedGroupScheduling(config, log)
     return None

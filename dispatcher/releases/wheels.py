@@ -29,7 +29,7 @@ __all__ = ["ReleaseError", "Package", "sha256", "user_cache", "fetch_main", "PIP
 
 PIP_TIMEOUT_S = 300
 MAX_MEMBER_BYTES = 4 << 20  # a kept file; the largest real one (server_args.py) is ~450 KB
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]  # above dispatcher/releases/
 
 
 class ReleaseError(ValueError):
@@ -413,7 +413,7 @@ def fetch_main(package: Package, pinned, argv) -> int:
               f"[VERSION ...]", file=sys.stderr)
         return 2
     own = package.pins_file is not None and Path(package.pins_file).resolve().is_relative_to(
-        Path(__file__).resolve().parent)  # the gate's own pins, beside this module
+        Path(__file__).resolve().parents[1])  # the gate's own pins, in the gate's package
     if pin and own and not (_REPO / "pyproject.toml").is_file():  # installed: site-packages
         print(f"error: --pin writes the gate's own pins ({package.pins_file}): run it in a "
               f"checkout of the gate, never in an installed one (its pins are the release's)",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadGroupScheduling
 
-from .gpu.warm import pinned_worker
+from ..gpu.warm import pinned_worker
 
 __all__ = ["PinnedGroupScheduling"]
 

@@ -3,7 +3,7 @@ stand-ins: every name they read is the engine's own code (resolved through the f
 as Python would) or a stand-in the gate declares, and anything else stops the run with the
 name and the function that read it.
 
-``dispatcher.companions.companion_function`` runs one function whose free names the stand-ins
+``dispatcher.releases.companions.companion_function`` runs one function whose free names the stand-ins
 answer loosely (its whole namespace is the stand-in table). The forward-batch padding and the
 CUDA-graph runner's bucket choice read deeper: module helpers, enum classes, other modules'
 functions, the object's own attributes. ``FileNamespace`` is a module's namespace built on
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, Mapping, Optional
 
-from .companions import parse
+from ..releases.companions import parse
 
 __all__ = ["Unmodelled", "UnmodelledAttribute", "Absent", "Strict", "FileNamespace", "find_def",
            "compile_def", "IMPORT_HOOK"]

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Mapping
 
-from .model.payloads import PayloadFormat, dispatch_payloads
-from .wheels import ReleaseError
+from ..model.payloads import PayloadFormat, dispatch_payloads
+from ..releases.wheels import ReleaseError
 
 __all__ = ["Launched", "StandIn", "Unmodelled", "UnmodelledCode", "UnmodelledModule",
            "UnmodelledFinder", "FlashInferStandIn", "build_modules", "flashinfer_api",
@@ -210,8 +210,8 @@ def build_modules(table: Mapping[str, Mapping[str, object]], adapter: str, versi
 def flashinfer_api():
     """The API of the FlashInfer generation this session models (read from its source:
     ``dispatcher/flashinfer/api.py``)."""
-    from .flashinfer.api import api
-    from .model.generations import active
+    from ..flashinfer.api import api
+    from ..model.generations import active
 
     return api(active().version)
 

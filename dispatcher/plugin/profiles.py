@@ -60,7 +60,7 @@ def _database(config):
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     if config.rootpath == Path(dispatcher.__file__).resolve().parent / "suite":  # installed
-        from dispatcher.wheels import user_cache
+        from dispatcher.releases.wheels import user_cache
 
         base = user_cache() / "hypothesis"
     else:

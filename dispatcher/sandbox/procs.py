@@ -13,7 +13,7 @@ __all__ = ["seconds_arg", "DROP_CWD", "alive", "die_with_parent", "raise_on_sigt
            "run_bounded", "OutputFlood", "MAX_OUTPUT_BYTES", "kill_group",
            "keep_cwd_off_children_paths"]
 
-SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds dispatcher/
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds dispatcher/
 # ``python -c`` puts the current directory first on sys.path, as '' (not under PYTHONSAFEPATH):
 # a child of the gate takes it off before anything else is imported, so a json.py or socket.py
 # lying there is never run (a PYTHONPATH entry that happens to be the current folder stays)
