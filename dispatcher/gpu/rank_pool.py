@@ -38,7 +38,7 @@ from typing import Dict, List
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 
-from ..model.generations import active, using
+from ..model.generations import DEFAULT, generation_of, installed_version, using
 from . import env
 from ..sandbox.procs import alive
 from .rank_examples import (AgreementAborted, KernelRefused, one_world,
@@ -150,9 +150,10 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
             return
         if msg is None:
             return
-        kind, generation, *example = msg
+        kind, *example = msg
         try:
-            with using(generation):  # the FlashInfer generation the parent's test models
+            world = example[0][0] if isinstance(example[0], tuple) else example[0]
+            with using(world.flashinfer):  # the generation the world carries, the world alone sent
                 if kind == "sglang":
                     result = run_sglang_example(state, rank, ep_size, *example)
                 elif kind == "sequence":
@@ -212,7 +213,6 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
         phase("process group", t)
         return {"backend": "gloo, emulated A2A", "cpu": dist.group.WORLD, "index": None,
                 "a2as": {}, "policies": {}, "engines": {}, "example": {}, "emulated": True}
-    from ..model.generations import DEFAULT, generation_of, installed_version
 
     installed = generation_of(installed_version() or DEFAULT)
     torch.cuda.set_device(rank % n_gpus)
@@ -242,6 +242,9 @@ class RankPool:
                  max_combine_bytes: int, timeout: float = 60.0, start_timeout: float = 300.0,
                  emulated: bool = False):
         self.ep_size, self.n_gpus, self.emulated = ep_size, n_gpus, emulated
+        # the generation whose kernels the ranks run: the installed one's (None: the CPU model,
+        # which runs each world's own)
+        self.kernels = None if emulated else generation_of(installed_version() or DEFAULT).version
         self.max_dispatch_bytes, self.max_combine_bytes = max_dispatch_bytes, max_combine_bytes
         self.timeout, self.start_timeout = timeout, start_timeout
         self.backend = None
@@ -404,15 +407,15 @@ class RankPool:
         return [[p for rank in per_rank for p in rank[n]] for n in range(len(worlds))]
 
     def _send(self, kind, world, spec, bypass, *extra) -> list:
-        if isinstance(world, tuple):  # a sequence: the first round's ranks
-            if world[0].ep_size != self.ep_size:
-                raise ValueError(f"pool has {self.ep_size} ranks, world needs "
-                                 f"{world[0].ep_size}")
-        elif world.ep_size != self.ep_size:
-            raise ValueError(f"pool has {self.ep_size} ranks, world needs {world.ep_size}")
+        first = world[0] if isinstance(world, tuple) else world  # a sequence: its first round
+        if first.ep_size != self.ep_size:
+            raise ValueError(f"pool has {self.ep_size} ranks, world needs {first.ep_size}")
+        if self.kernels is not None and first.flashinfer != self.kernels:
+            raise ValueError(f"the world models FlashInfer {first.flashinfer}, but this pool's "
+                             f"ranks run FlashInfer {self.kernels}'s kernels (installed): make "
+                             f"the world with flashinfer={self.kernels!r}")
         try:
-            message = ForkingPickler.dumps((kind, active().version, world, spec, bypass,
-                                            *extra))  # once for all
+            message = ForkingPickler.dumps((kind, world, spec, bypass, *extra))  # once for all
             for conn in self._conns:  # a few KiB into an idle pipe: never blocks
                 conn.send_bytes(message)
             return self._collect(self.timeout, "example")

@@ -60,6 +60,10 @@ class SingleGpuA2A:
         if self.dead:
             raise CudaContextDead(f"this process's CUDA context died earlier ({self.dead}); "
                                   f"restart the process to run GPU kernels again")
+        if world.flashinfer != self.generation.version:
+            raise ValueError(f"the world models FlashInfer {world.flashinfer}, but this driver "
+                             f"runs {self.generation}'s kernels: make the world with "
+                             f"flashinfer={self.generation.version!r}, or install its generation")
         try:
             return self._run(world, list(runtimes))
         except Exception as exc:

@@ -148,6 +148,23 @@ def test_prefix_rule_rejected_in_sp_worlds(single_gpu):
 
 
 @pytest.mark.real_kernels
+def test_a_world_of_another_generation_is_refused_by_name(single_gpu):
+    """The world carries its generation; the driver runs the installed one's kernels and
+    refuses any other world by name, before anything is allocated or launched."""
+    import re
+
+    from dispatcher.model.generations import GENERATIONS
+
+    installed = single_gpu.generation
+    other = next(v for v in GENERATIONS if v != installed.version)
+    world = World(ep_size=2, dp_size=2, group_tokens=(1, 1), max_num_tokens=4, flashinfer=other)
+    with pytest.raises(ValueError, match=re.escape(f"models FlashInfer {other}, but this driver "
+                                                   f"runs {installed}'s kernels")):
+        single_gpu.run(world, [1, 1])
+    assert single_gpu.dead is None
+
+
+@pytest.mark.real_kernels
 def test_after_a_cuda_fault_every_later_run_fails_fast_naming_it(single_gpu):
     """One dead CUDA context must not turn every later GPU test into an odd error: once a
     run faulted, the next ones raise CudaContextDead naming the world that faulted."""
