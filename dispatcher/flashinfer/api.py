@@ -130,7 +130,7 @@ def _bound_names(tree: ast.Module) -> FrozenSet[str]:
 
 @functools.lru_cache(maxsize=None)
 def api(version: str) -> Api:
-    """The API of FlashInfer ``version`` (a generation: 0.7.2 or 0.7.4)."""
+    """The API of FlashInfer ``version`` (a generation of ``model.generations.GENERATIONS``)."""
     main = PACKAGE.fetch_release(version)
 
     def tree(name: str) -> Optional[ast.Module]:

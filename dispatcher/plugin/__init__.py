@@ -53,9 +53,11 @@ def pytest_addoption(parser, pluginmanager):
     group.addoption("--allow-missing-releases", action="store_true",
                     help="skip, rather than fail, the tests of a pinned SGLang/vLLM release "
                          "that cannot be had here (offline, no cache)")
+    from dispatcher.model.generations import DEFAULT, GENERATIONS
+
     group.addoption("--flashinfer", default=None, metavar="VERSION",
-                    help="FlashInfer A2A generation: 0.7.2 or 0.7.4 (default: the installed "
-                         "FlashInfer, else 0.7.2)")
+                    help=f"FlashInfer A2A generation: {' or '.join(GENERATIONS)} (default: the "
+                         f"installed FlashInfer, else {DEFAULT})")
     group.addoption("--self-check", action="store_true",
                     help="also run the gate's own self-checks (its machinery, the pinned "
                          "releases' verdicts, bad input): a run with a --policy of yours "

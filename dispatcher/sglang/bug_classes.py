@@ -24,7 +24,7 @@ from .forward import ReleaseCodeError
 from .loader import Outcome, SGLangRelease
 from .report import describe_outcomes, describe_sources
 
-__all__ = ["BugClass", "BUG_CLASSES", "BUGS", "HAZARDS", "describe_outcomes", "describe_sources",
+__all__ = ["BugClass", "BUG_CLASSES", "BUGS", "HAZARDS", "RUNTIME_CLASSES", "describe_outcomes", "describe_sources",
            "describe_step", "check_step", "class_problem", "step_problem"]
 
 
@@ -44,6 +44,9 @@ class BugClass:
     # invariant (a context SGLang's own code does not produce). Its own column of the
     # verdict table ("hardening"), never a failing test.
     hazard: bool = False
+    # Its failure is an unsound launch (a runtime some rank passes); the other classes (the cap
+    # built, padding marks, tightness) do not change what a launch sees.
+    runtime: bool = False
 
 
 def describe_step(release: SGLangRelease, world: World, ctx: SGLangContext,
@@ -204,17 +207,17 @@ BUG_CLASSES: Dict[str, BugClass] = {c.key: c for c in (
     BugClass("collapsed-dp-global", "collapsed dp_global", "SGLang #27945",
              lambda w, c: _eager(c) and w.dp_attention and w.payload_fits_cap, _sound_launch,
              regimes.collapsed_dp_global_steps, ("0.5.10", _step(2, 2, (0, 1), 1), _COLLAPSING),
-             "different runtimes"),
+             "different runtimes", runtime=True),
     BugClass("cuda-graph-buckets", "per-rank CUDA-graph buckets",
              "SGLang #29461 -> #30242 -> #30450",
              lambda w, c: c.forward_mode == "replay" and w.dp_attention, _cuda_graph_buckets,
              regimes.cuda_graph_bucket_steps,
              ("0.5.10", _step(2, 2, (2, 0), 2), replace(_COLLAPSING, forward_mode="replay")),
-             "replaying buckets [2, 1]"),
+             "replaying buckets [2, 1]", runtime=True),
     BugClass("all-idle", "all-idle DP step", "SGLang #22394",
              lambda w, c: max(w.group_tokens) == 0, _sound_launch, regimes.all_idle_steps,
              ("0.5.15", _step(2, 2, (0, 0), 1), SGLangContext(skip_all_gather=True)),
-             "runtime 0"),
+             "runtime 0", runtime=True),
     BugClass("stale-draft", "stale draft dp_global (hazard)", "SGLang's MoRI recv-bound test",
              lambda w, c: c.stale_by > 0, _sound_launch, regimes.stale_draft_steps,
              ("0.5.10", _step(1, 1, (2,), 2),
@@ -228,11 +231,12 @@ BUG_CLASSES: Dict[str, BugClass] = {c.key: c for c in (
              lambda w, c: c.forward_mode in ("decode", "extend", "mixed") and not w.payload_fits_cap
              and not c.draft_forward, _extend_over_cap, regimes.extend_over_cap_steps,
              ("0.5.10", _step(1, 1, (2,), 1), SGLangContext(forward_mode="extend")),
-             "over its cap 1"),
+             "over its cap 1", runtime=True),
 )}
 
 
 BUGS = tuple(k for k, c in BUG_CLASSES.items() if not c.hazard)
+RUNTIME_CLASSES = tuple(k for k, c in BUG_CLASSES.items() if c.runtime)
 HAZARDS = tuple(k for k, c in BUG_CLASSES.items() if c.hazard)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.engines import ENGINES
 from dispatcher.sglang import fetch
 from dispatcher.sglang.verdicts import RELEASES
 from dispatcher.releases.wheels import MAX_MEMBER_BYTES, ReleaseError, _sweep
@@ -144,7 +145,7 @@ def test_an_empty_home_never_puts_the_cache_at_the_root(monkeypatch, home):
     assert user_cache().parts[-2:] == (".cache", "a2a-sizing-gate")
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm", "flashinfer"])
+@pytest.mark.parametrize("engine", [*ENGINES, "flashinfer"])
 def test_pinning_the_pinned_releases_writes_the_committed_pins(tmp_path, engine):
     """``fetch --pin`` over the pinned releases rewrites ``pins.json`` byte for byte: the
     committed hashes are what the verified copies record, and none was copied by hand."""

@@ -13,6 +13,7 @@ from .. import needs_torch
 
 NEEDS_TORCH = needs_torch(reason="the engines' files need torch: pip install torch==2.13.0")
 
+from dispatcher.engines import ENGINES  # noqa: E402
 from dispatcher.releases.companions import NEWEST_ENV  # noqa: E402
 from dispatcher.policies import PolicyError, load_policy  # noqa: E402
 from dispatcher.sglang import fetch, sources  # noqa: E402
@@ -29,8 +30,8 @@ def _root(package, version):
 
 
 @pytest.mark.parametrize("engine, package, needed, releases", [
-    ("sglang", fetch.PACKAGE, sources.NEEDED, sources.RELEASES),
-    ("vllm", vfetch.PACKAGE, vfetch.NEEDED, vfetch.RELEASES)], ids=["sglang", "vllm"])
+    (name, e.module("fetch").CODE.package, e.module("fetch").CODE.needed,
+     e.module("fetch").CODE.releases) for name, e in ENGINES.items()], ids=list(ENGINES))
 def test_the_table_is_what_every_pinned_release_has(engine, package, needed, releases):
     for version in releases:
         root = _root(package, version)

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from dispatcher.engines import ENGINES
 from dispatcher.model.generations import GENERATIONS
 
 from .. import SOURCE
@@ -18,7 +19,7 @@ from .. import SOURCE
 pytestmark = pytest.mark.skipif(not (SOURCE / ".ci" / "policy-matrix.tsv").is_file(),
                                 reason="CI's policy matrix lives in the checkout, not the wheel")
 
-TIERS = ("cpu", "sglang", "vllm", "gpu", "multi_gpu", "meta")
+TIERS = ("cpu", *ENGINES, "gpu", "multi_gpu", "meta")  # the suite's folders
 ENGINE_KINDS = {"sglang": ("sglang-release", "sglang-file", "sglang-tree"),
                 "vllm": ("vllm-one-sided", "vllm-two-sided")}
 # (tier, kind) -> why no test of that tier checks a policy of that kind

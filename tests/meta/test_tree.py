@@ -10,12 +10,14 @@ from .. import needs_torch
 
 NEEDS_TORCH = needs_torch(reason="the engines' files need torch: pip install torch==2.13.0")
 
+from dispatcher.engines import ENGINES  # noqa: E402
 from dispatcher.sglang import fetch, loader  # noqa: E402
 from dispatcher.sglang.standins import stand_in_globals  # noqa: E402
-from dispatcher.vllm import fetch as vfetch, loader as vloader  # noqa: E402
+from dispatcher.vllm import loader as vloader  # noqa: E402
 
 pytestmark = [NEEDS_TORCH, pytest.mark.engine_releases("sglang")]
 NEWEST = fetch.RELEASES[-1]
+ENGINE_TREES = [(e.module("fetch").CODE, e.module("loader")) for e in ENGINES.values()]
 
 
 def _release_root(code, version):
@@ -25,8 +27,7 @@ def _release_root(code, version):
         pytest.fail(f"{code.name} {version} unavailable: {exc}")
 
 
-@pytest.mark.parametrize("code, load", [(fetch.CODE, loader), (vfetch.CODE, vloader)],
-                         ids=["sglang", "vllm"])
+@pytest.mark.parametrize("code, load", ENGINE_TREES, ids=list(ENGINES))
 def test_a_release_is_one_tree_and_its_policy_runs_what_the_tree_resolved(code, load):
     version = code.releases[-1]
     root = _release_root(code, version)
@@ -39,8 +40,7 @@ def test_a_release_is_one_tree_and_its_policy_runs_what_the_tree_resolved(code, 
     assert release.companions is tree.companions or release.companions == tree.companions
 
 
-@pytest.mark.parametrize("code, load", [(fetch.CODE, loader), (vfetch.CODE, vloader)],
-                         ids=["sglang", "vllm"])
+@pytest.mark.parametrize("code, load", ENGINE_TREES, ids=list(ENGINES))
 def test_a_lone_file_is_a_tree_rooted_in_its_release(tmp_path, code, load):
     version = code.releases[-1]
     root = _release_root(code, version)

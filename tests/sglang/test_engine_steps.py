@@ -14,6 +14,7 @@ from hypothesis import event, given, reject  # noqa: E402
 
 from dispatcher.sglang.bug_classes import (  # noqa: E402
     BUG_CLASSES,
+    RUNTIME_CLASSES,
     BUGS,
     check_step,
     describe_step,
@@ -32,9 +33,6 @@ def engine(engine_under_test):
     return engine_under_test("sglang")[1]
 
 
-# The classes whose failure is an unsound launch (what this test checks); the others (the cap
-# built, padding marks, tightness) do not change what it sees.
-RUNTIME_CLASSES = ("collapsed-dp-global", "cuda-graph-buckets", "all-idle", "extend-over-cap")
 
 
 def _allowed(engine, key):
