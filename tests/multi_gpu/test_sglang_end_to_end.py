@@ -13,6 +13,7 @@ import pytest
 from dispatcher.model import properties
 from dispatcher.model.sglang_context import SGLangContext
 from dispatcher.policies import load_policy
+from dispatcher.engines import ENGINES
 from dispatcher.model.world import MoeConfig, World
 from strategies import sglang_pool_worlds
 
@@ -84,7 +85,10 @@ def test_sglang_dispatch_and_combine_on_the_real_kernels(ep_size, pools, engine_
 # its own group's count, so the ranks pass different runtimes (1 and 2), each covering its own
 # rows: SGLang's own checks pass, and only the agreement or the kernels can tell.
 COLLAPSED = SGLangContext(moe_dense_tp_size=1, enable_dp_lm_head=True)
+# SGLang 0.5.13's step, on the generation that release is judged on (the world carries it: the
+# pool runs the world's generation, whatever the session's --flashinfer)
 COLLAPSED_WORLD = World(ep_size=2, dp_size=2, group_tokens=(1, 2), max_num_tokens=8,
+                        flashinfer=ENGINES["sglang"].judged_on("0.5.13"),
                         moe=MoeConfig(hidden_size=128, top_k=8, num_experts=64, routing="hot_rank"))
 
 
