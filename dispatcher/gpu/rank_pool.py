@@ -242,9 +242,6 @@ class RankPool:
                  max_combine_bytes: int, timeout: float = 60.0, start_timeout: float = 300.0,
                  emulated: bool = False):
         self.ep_size, self.n_gpus, self.emulated = ep_size, n_gpus, emulated
-        # the generation whose kernels the ranks run: the installed one's (None: the CPU model,
-        # which runs each world's own)
-        self.kernels = None if emulated else generation_of(installed_version() or DEFAULT).version
         self.max_dispatch_bytes, self.max_combine_bytes = max_dispatch_bytes, max_combine_bytes
         self.timeout, self.start_timeout = timeout, start_timeout
         self.backend = None
@@ -410,10 +407,6 @@ class RankPool:
         first = world[0] if isinstance(world, tuple) else world  # a sequence: its first round
         if first.ep_size != self.ep_size:
             raise ValueError(f"pool has {self.ep_size} ranks, world needs {first.ep_size}")
-        if self.kernels is not None and first.flashinfer != self.kernels:
-            raise ValueError(f"the world models FlashInfer {first.flashinfer}, but this pool's "
-                             f"ranks run FlashInfer {self.kernels}'s kernels (installed): make "
-                             f"the world with flashinfer={self.kernels!r}")
         try:
             message = ForkingPickler.dumps((kind, world, spec, bypass, *extra))  # once for all
             for conn in self._conns:  # a few KiB into an idle pipe: never blocks

@@ -116,26 +116,6 @@ def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt():
 
 
 @on_pool(2, "shared")
-def test_a_world_of_another_generation_is_refused_by_name(pools):
-    """The pool sends the world alone, which carries its generation: on the real kernels a
-    world of another generation than the installed one is refused by name before anything is
-    sent, and the pool is kept; the CPU model runs each world's own generation."""
-    from dispatcher.model.generations import GENERATIONS
-
-    pool = pools(2)
-    other = next(v for v in GENERATIONS if v != (pool.kernels or ""))
-    world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=64, flashinfer=other)
-    before = pool.restarts
-    if pool.kernels is None:  # the CPU model: the world's own generation runs
-        pool.run(world, "dispatcher.sizing:ideal_rule")
-    else:
-        with pytest.raises(ValueError, match=f"models FlashInfer {other}, but this pool's ranks "
-                                             f"run FlashInfer {pool.kernels}'s kernels"):
-            pool.run(world, "dispatcher.sizing:ideal_rule")
-    assert pool.restarts == before
-
-
-@on_pool(2, "shared")
 def test_a_python_error_on_every_rank_keeps_the_pool(pools):
     """FlashInfer's own check (runtime over the cap, validation bypassed: 0.7.2's Python
     assert, 0.7.4's ValueError or C++ check) is a Python error on every rank before any
