@@ -10,6 +10,7 @@ import time
 from dispatcher.gpu.env import gpu_count
 from dispatcher.gpu.rank_pool import RankPool
 from dispatcher.model.world import MoeConfig, World
+from dispatcher.sglang.rank_body import run_example as sglang_rank
 from strategies import GPU_SHAPES
 
 if __name__ == "__main__":
@@ -23,7 +24,7 @@ if __name__ == "__main__":
         for world in steps:
             t = time.time()
             try:
-                r = pool.run_sglang(world, spec)
+                r = pool.run_engine(sglang_rank, world, spec)
                 print(f"{spec} ok {time.time() - t:.2f}s values={r[0]['values']} "
                       f"cap={r[0]['max_num_tokens']} ws={r[0]['workspace_size_per_rank']} "
                       f"model={world.workspace_size} {world!r}", flush=True)

@@ -105,14 +105,15 @@ def main():
     figures["single_gpu_worlds_per_s_with_generation"] = round(
         a.examples / _gen_and_run(one, a.examples), 1)
     from dispatcher.gpu.rank_pool import RankPool
-
+    from dispatcher.policies import load_policy
+    from dispatcher.sglang.rank_body import run_example as sglang_rank
     from dispatcher.sglang.verdicts import RELEASES
 
     engine = f"sglang:{RELEASES[-1]}"
     for ep in a.pool_sizes:
         t = time.perf_counter()
         pool = RankPool(ep, torch.cuda.device_count(), GPU_SHAPES.largest.dispatch_bytes,
-                        GPU_SHAPES.largest.combine_bytes)
+                        GPU_SHAPES.largest.combine_bytes, resolve=load_policy)
         figures[f"pool_ep{ep}_start_s"] = round(time.perf_counter() - t, 1)
         ws = draw(pool_worlds(ep), a.examples)
         for w in ws[:10]:
@@ -122,10 +123,10 @@ def main():
         sw = draw(sglang_pool_worlds(ep), a.examples)
         t = time.perf_counter()
         for w in sw[:24]:  # SGLang builds one MoeAlltoAll per (hidden, top_k, cap)
-            pool.run_sglang(w, engine)
+            pool.run_engine(sglang_rank, w, engine)
         figures[f"sglang_e2e_ep{ep}_warmup_24_s"] = round(time.perf_counter() - t, 1)
         figures[f"sglang_e2e_ep{ep}_{pool.backend}_examples_per_s"] = round(
-            timed(lambda w: pool.run_sglang(w, engine), sw, f"sglang_e2e_ep{ep}"), 1)
+            timed(lambda w: pool.run_engine(sglang_rank, w, engine), sw, f"sglang_e2e_ep{ep}"), 1)
         print(figures, flush=True)
         pool.close()
     print(json.dumps(figures, indent=2))

@@ -23,8 +23,7 @@ from ..model.mnnvl import aux_offsets, aux_size
 from ..model.world import World
 from .torch_ops import pdl_default
 
-__all__ = ["comm", "module", "metainfo_index", "new_moe_alltoall", "Ops", "pool_example",
-           "pool_round", "pool_key"]
+__all__ = ["comm", "module", "metainfo_index", "new_moe_alltoall", "Ops", "PoolOps"]
 
 
 @lru_cache(maxsize=None)
@@ -157,74 +156,38 @@ def _byte_model(ep_size: int, cap: int, dispatch_bytes: int, combine_bytes: int,
                           int(module().moe_a2a_get_aux_data_size(ep_size, cap, 0)))))
 
 
-def pool_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec,
-                 bypass) -> List[str]:
-    """One world on this rank of the rank pool: ``MoeAlltoAll`` (one per cap, as SGLang builds
-    it) with the agreed runtime, its receive counts, stale rows and output checked."""
-    import zlib
+class PoolOps:
+    """0.7.2's kernels on one rank of the rank pool (``gpu/ops.py: PoolOps``): ``MoeAlltoAll``,
+    one per cap, as SGLang builds it."""
 
-    import numpy as np
+    def key(self, world: World):
+        return world.max_num_tokens
 
-    from ..emulator.rounds import expected_recv_counts
-    from ..emulator.inputs import make_inputs, reference_outputs
-    from ..model.validation import require_int, validate
-    from ..model.mnnvl import workspace_size_per_rank
-    from . import torch_ops
-    from .rank_examples import agree, rank_value
-    from .checks import poisoned_rows, rank_problems, stale_rows_ok
+    def build(self, state, rank, ep_size, world, max_dispatch_bytes, max_combine_bytes):
+        from ..model.mnnvl import workspace_size_per_rank
 
-    a2as = state["a2as"]
-    mine = rank_value(state, rank, world, spec, bypass)
-    moe, cap = world.moe, world.max_num_tokens
-    aux = aux_offsets(ep_size, cap)
-
-    def poison():
-        a2as[cap].workspace[rank][aux.payload_data:].fill_(POISON)
-        torch.cuda.synchronize()
-    known = cap in a2as
-    if known:  # poisoned before the agreement, which is then also the barrier: the parent sends
-        poison()  # an example only when every rank has finished the last, so no peer still reads it
-    key = zlib.crc32(repr(world).encode()) << 1 | known
-    values = agree(state, mine, key)
-    if bypass is False:
-        validate(values, world.views)  # the same verdict on every rank
-    runtime = require_int(values[rank])
-    if not known:  # collective: every rank reaches here for the same cap
+        cap = world.max_num_tokens
         size = workspace_size_per_rank(ep_size, cap, max_dispatch_bytes, max_combine_bytes)
-        a2as[cap] = new_moe_alltoall(ep_size, rank, cap, top_k=8,
-                                     num_experts=max(64, ep_size), workspace_size_per_rank=size)
-        poison()
-        agree(state, None)  # a barrier: nobody writes into a peer before it is poisoned
-    a2a = a2as[cap]
-    a2a.top_k, a2a.num_experts = moe.top_k, moe.num_experts
-    rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
-    inputs = make_inputs(world)
-    inp = inputs[rank]
-    ids, payloads = torch_ops.rank_inputs(torch_ops.device_inputs([inp], "cuda"), 0, moe.payloads)
-    recv = a2a.dispatch(ids.view(torch.int32), payloads, runtime)
-    counts = a2a.workspace[rank][rc:rc + 4 * ep_size].clone()  # as dispatch left them
-    y = torch_ops.expert_outputs(recv, runtime, moe, rank, ep_size)
-    out = a2a.combine(y, runtime)
-    poisoned = poisoned_rows(recv)
-    # the host's half while the GPU works; then the answers in one copy
-    expected = expected_recv_counts(world, inputs)[rank]
-    reference = reference_outputs(world, [inp])[0]
-    host_counts, host_poisoned, host_out = torch_ops.read_back([counts, poisoned, out])
-    return rank_problems(rank, bool(stale_rows_ok(host_poisoned, expected, runtime)), runtime,
-                         host_counts.view(np.int32), expected, host_out, reference)
+        return new_moe_alltoall(ep_size, rank, cap, top_k=8, num_experts=max(64, ep_size),
+                                workspace_size_per_rank=size)
 
+    def poison(self, a2a, rank, state) -> None:
+        a2a.workspace[rank][aux_offsets(a2a.ep_size, a2a.max_num_tokens).payload_data:].fill_(
+            POISON)
+        torch.cuda.synchronize()
 
-def pool_key(world: World):
-    """The pool's object a world runs on (one ``MoeAlltoAll`` per cap)."""
-    return world.max_num_tokens
+    def refuses(self, world: World, runtimes) -> List[int]:
+        return []  # 0.7.2's op takes any positive runtime (the cap is a Python assert)
 
+    def dispatch(self, a2a, world, rank, ep_size, runtime, ids, payloads):
+        moe = world.moe
+        a2a.top_k, a2a.num_experts = moe.top_k, moe.num_experts
+        recv = a2a.dispatch(ids.view(torch.int32), payloads, runtime)
+        return recv, recv
 
-def pool_round(state, rank, ep_size, world, runtime, ids, payloads):
-    """One more round on this rank's ``MoeAlltoAll`` (rounds back to back): its combined rows."""
-    from . import torch_ops
+    def counts(self, a2a, rank, ep_size, state):
+        rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
+        return a2a.workspace[rank][rc:rc + 4 * ep_size].clone()  # as dispatch left them
 
-    moe = world.moe
-    a2a = state["a2as"][pool_key(world)]
-    a2a.top_k, a2a.num_experts = moe.top_k, moe.num_experts
-    recv = a2a.dispatch(ids.view(torch.int32), payloads, runtime)
-    return a2a.combine(torch_ops.expert_outputs(recv, runtime, moe, rank, ep_size), runtime)
+    def combine(self, a2a, world, y, runtime):
+        return a2a.combine(y, runtime)

@@ -31,8 +31,8 @@ from ..model.world import World
 from . import torch_ops
 from .checks import ranks_refused, refusal
 
-__all__ = ["Ops", "RawA2A", "TIMEOUT_S", "module", "metainfo_index", "flashinfer_layout",
-           "byte_model", "aligned16", "pool_example", "pool_round", "pool_key"]
+__all__ = ["Ops", "PoolOps", "RawA2A", "TIMEOUT_S", "module", "metainfo_index",
+           "flashinfer_layout", "byte_model", "aligned16"]
 
 TIMEOUT_S = 20  # timeout_sec of every wait on a peer (FlashInfer's default: 300)
 INVALID_EXPERT_ID = -1
@@ -246,96 +246,6 @@ class Ops:
         return result
 
 
-def pool_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec,
-                 bypass) -> List[str]:
-    """One world on this rank of the rank pool, on FlashInfer 0.7.4: each rank's
-    ``NVLinkOneSidedAlltoAll`` (one per cap and MoE shape: 0.7.4 bakes top_k and the payload
-    bytes into the layout), built over the pool's process group as an engine builds it, fence
-    path, a short ``timeout_sec``. A call 0.7.4 refuses (a rank's rows over its runtime) is
-    agreed on before any launch: the refused rank makes the call, FlashInfer refuses it, and no
-    peer launches (none is left spinning)."""
-    import zlib
-
-    import numpy as np
-    from flashinfer.moe_ep import (BootstrapConfig, MoEEpCommParams, NVLinkOneSidedAlltoAll,
-                                   NVLinkOneSidedConfig)
-
-    from ..emulator.rounds import expected_recv_counts
-    from ..emulator.inputs import make_inputs, reference_outputs
-    from ..model.validation import require_int, validate
-    from . import torch_ops
-    from .checks import poisoned_rows, rank_problems, stale_rows_ok
-    from .rank_examples import KernelRefused, agree, rank_value
-
-    a2as = state["a2as"]
-    mine = rank_value(state, rank, world, spec, bypass)
-    moe, cap = world.moe, world.max_num_tokens
-    shape = pool_key(world)
-    known = shape in a2as
-    idx = state["index"]
-    if known:  # poisoned before the agreement, which is also the barrier (as in _run_example)
-        _poison(a2as[shape]["a2a"], rank, idx)
-    key = zlib.crc32(repr(world).encode()) << 1 | known
-    values = agree(state, mine, key)
-    if bypass is False:
-        validate(values, world.views)  # the same verdict on every rank
-    runtime = require_int(values[rank])
-    if not known:  # collective: every rank builds the same shape's object together
-        params = MoEEpCommParams(num_experts=moe.num_experts, top_k=moe.top_k,
-                                 max_tokens_per_rank=cap, hidden_size=moe.hidden_size,
-                                 dtype=torch.bfloat16, invalid_expert_id=INVALID_EXPERT_ID)
-        if state.get("a2a_path") != "shared workspace":
-            try:  # the class an engine builds (its platform check is collective: all or none)
-                a2a = NVLinkOneSidedAlltoAll(
-                    BootstrapConfig(world_size=ep_size, rank=rank,
-                                    device=torch.cuda.current_device()),
-                    params, NVLinkOneSidedConfig(timeout_sec=TIMEOUT_S, cft=False, lamport=False))
-                state["a2a_path"] = "NVLinkOneSidedAlltoAll"
-            except RuntimeError as exc:
-                if "NVLink backends are not supported" not in str(exc):
-                    raise
-                state["a2a_path"] = "shared workspace"  # one GPU, no P2P NVLink: its raw ops
-                print(f"[rank {rank}] NVLinkOneSidedAlltoAll refused this host ({exc}); its "
-                      f"raw ops run on one CUDA-IPC-shared workspace instead", file=sys.stderr)
-        if state["a2a_path"] == "shared workspace":
-            a2a = _shared_workspace(state, rank, ep_size, moe, cap)
-        a2as[shape] = {"a2a": a2a}
-        _poison(a2a, rank, idx)
-        agree(state, None)  # a barrier: nobody writes into a peer before it is poisoned
-    entry = a2as[shape]
-    a2a = entry["a2a"]
-    inputs = make_inputs(world)
-    inp = inputs[rank]
-    ids, payloads = torch_ops.rank_inputs(torch_ops.device_inputs([inp], "cuda"), 0, moe.payloads)
-    hidden, scale = payloads[0], (payloads[1] if len(payloads) == 4 else None)
-    refused = [r for r in range(ep_size) if world.rows_per_rank[r] > values[r]]
-    if refused:  # only the refused ranks call: FlashInfer refuses them before any launch
-        if rank in refused:
-            try:
-                a2a.dispatch(hidden, ids.view(torch.int32), payloads[-1],
-                             hidden_states_scale=scale, runtime_max_tokens_per_rank=runtime)
-            except Exception as exc:  # noqa: BLE001 - TVM-FFI raises its own error types
-                raise KernelRefused(rank, world.rows_per_rank[rank], runtime, exc) from None
-            raise AssertionError(f"FlashInfer 0.7.4 launched rank {rank} with "
-                                 f"{world.rows_per_rank[rank]} rows and runtime {runtime}")
-        raise KernelRefused(refused[0], world.rows_per_rank[refused[0]], values[refused[0]],
-                             "refused on its own rank; this rank launched nothing")
-    res = a2a.dispatch(hidden, ids.view(torch.int32), payloads[-1], hidden_states_scale=scale,
-                       runtime_max_tokens_per_rank=runtime)
-    counts = _round_counts(a2a.workspace[rank], a2a.metainfo, idx, ep_size)
-    planes = [res.hidden_states] + ([res.hidden_states_scale] if scale is not None else [])
-    recv = [p.view(ep_size, runtime, -1) for p in planes + [res.topk_ids, res.topk_weights]]
-    y = torch_ops.expert_outputs(recv, runtime, moe, rank, ep_size)
-    out = a2a.combine(y)
-    # the fence path sanitizes the expert ids of padding rows (-1): the other planes stay poison
-    poisoned = poisoned_rows([p for i, p in enumerate(recv) if i != len(planes)])
-    expected = expected_recv_counts(world, inputs)[rank]
-    reference = reference_outputs(world, [inp])[0]
-    host_counts, host_poisoned, host_out = torch_ops.read_back([counts, poisoned, out])
-    return rank_problems(rank, bool(stale_rows_ok(host_poisoned, expected, runtime)), runtime,
-                         host_counts.view(np.int32), expected, host_out, reference)
-
-
 def _poison(a2a, rank: int, idx) -> None:
     """POISON in this rank's dispatch and combine regions (never the counters or flags)."""
 
@@ -387,20 +297,60 @@ def _shared_workspace(state, rank, ep_size, moe, cap):
                   pdl_default(torch.device("cuda", torch.cuda.current_device())))
 
 
-def pool_key(world: World):
-    """The pool's object a world runs on (0.7.4 bakes top_k and the payload bytes into the
-    layout: one per cap and MoE shape)."""
-    moe = world.moe
-    return (world.max_num_tokens, moe.top_k, moe.hidden_size, moe.payload, moe.num_experts)
+class PoolOps:
+    """0.7.4's kernels on one rank of the rank pool (``gpu/ops.py: PoolOps``): each rank's
+    ``NVLinkOneSidedAlltoAll``, one per cap and MoE shape (0.7.4 bakes top_k and the payload
+    bytes into the layout), built over the pool's process group as an engine builds it, fence
+    path, a short ``timeout_sec``; on a host whose platform check refuses the class (one GPU,
+    no P2P NVLink), its raw ops on one CUDA-IPC-shared workspace. A call 0.7.4 refuses (a
+    rank's rows over its runtime) is made by the refused rank alone: FlashInfer refuses it
+    before any launch and no peer is left spinning."""
 
+    def key(self, world: World):
+        moe = world.moe
+        return (world.max_num_tokens, moe.top_k, moe.hidden_size, moe.payload, moe.num_experts)
 
-def pool_round(state, rank, ep_size, world, runtime, ids, payloads):
-    """One more round on this rank's A2A (rounds back to back): its combined rows."""
-    moe = world.moe
-    a2a = state["a2as"][pool_key(world)]["a2a"]
-    scale = payloads[1] if len(payloads) == 4 else None
-    res = a2a.dispatch(payloads[0], ids.view(torch.int32), payloads[-1],
-                       hidden_states_scale=scale, runtime_max_tokens_per_rank=runtime)
-    planes = [res.hidden_states] + ([res.hidden_states_scale] if scale is not None else [])
-    recv = [p.view(ep_size, runtime, -1) for p in planes + [res.topk_ids, res.topk_weights]]
-    return a2a.combine(torch_ops.expert_outputs(recv, runtime, moe, rank, ep_size))
+    def build(self, state, rank, ep_size, world, max_dispatch_bytes, max_combine_bytes):
+        from flashinfer.moe_ep import (BootstrapConfig, MoEEpCommParams, NVLinkOneSidedAlltoAll,
+                                       NVLinkOneSidedConfig)
+
+        moe, cap = world.moe, world.max_num_tokens
+        if state.get("a2a_path") != "shared workspace":
+            params = MoEEpCommParams(num_experts=moe.num_experts, top_k=moe.top_k,
+                                     max_tokens_per_rank=cap, hidden_size=moe.hidden_size,
+                                     dtype=torch.bfloat16, invalid_expert_id=INVALID_EXPERT_ID)
+            try:  # the class an engine builds (its platform check is collective: all or none)
+                a2a = NVLinkOneSidedAlltoAll(
+                    BootstrapConfig(world_size=ep_size, rank=rank,
+                                    device=torch.cuda.current_device()),
+                    params, NVLinkOneSidedConfig(timeout_sec=TIMEOUT_S, cft=False, lamport=False))
+                state["a2a_path"] = "NVLinkOneSidedAlltoAll"
+                return a2a
+            except RuntimeError as exc:
+                if "NVLink backends are not supported" not in str(exc):
+                    raise
+                state["a2a_path"] = "shared workspace"
+                print(f"[rank {rank}] NVLinkOneSidedAlltoAll refused this host ({exc}); its "
+                      f"raw ops run on one CUDA-IPC-shared workspace instead", file=sys.stderr)
+        return _shared_workspace(state, rank, ep_size, moe, cap)
+
+    def poison(self, a2a, rank, state) -> None:
+        _poison(a2a, rank, state["index"])
+
+    def refuses(self, world: World, runtimes) -> List[int]:
+        return [r for r in range(world.ep_size) if world.rows_per_rank[r] > runtimes[r]]
+
+    def dispatch(self, a2a, world, rank, ep_size, runtime, ids, payloads):
+        scale = payloads[1] if len(payloads) == 4 else None
+        res = a2a.dispatch(payloads[0], ids.view(torch.int32), payloads[-1],
+                           hidden_states_scale=scale, runtime_max_tokens_per_rank=runtime)
+        planes = [res.hidden_states] + ([res.hidden_states_scale] if scale is not None else [])
+        recv = [p.view(ep_size, runtime, -1) for p in planes + [res.topk_ids, res.topk_weights]]
+        # the fence path sanitizes the expert ids of padding rows (-1): the other planes stay poison
+        return recv, [p for i, p in enumerate(recv) if i != len(planes)]
+
+    def counts(self, a2a, rank, ep_size, state):
+        return _round_counts(a2a.workspace[rank], a2a.metainfo, state["index"], ep_size)
+
+    def combine(self, a2a, world, y, runtime):
+        return a2a.combine(y)

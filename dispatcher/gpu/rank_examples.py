@@ -1,8 +1,10 @@
 """What one EP rank does in the rank pool (``rank_pool.py`` is the pool: its processes, protocol
 and lifecycle): agree with its peers through the parent on every rank's value, then run one
-world with the kernels of its kind (``one_world``: FlashInfer 0.7.2's ``MoeAlltoAll``, 0.7.4's
-``NVLinkOneSidedAlltoAll`` or the exact CPU model over gloo), or a step through an engine's own
-dispatcher (``run_sglang_example``), and report its own problems.
+world with the kernels of its kind (``one_world``: the installed generation's kernels through
+the pool's one driver, ``kernel_world``, over that generation's ``PoolOps``; or the exact CPU
+model over gloo), and report its own problems. A step through an engine's own dispatcher is
+that engine's rank body (``Engine.rank_body``: SGLang's is ``sglang/rank_body.py``), which
+uses ``agree`` the same way.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from ..sandbox.procs import alive
 
 
 __all__ = ["AgreementAborted", "KernelRefused", "AGREE_TIMEOUT_S", "agree", "rank_value",
-           "one_world", "run_sglang_example"]
+           "one_world", "kernel_world", "kernel_round"]
 
 AGREE_TIMEOUT_S = 300.0  # a rank's wait for the others' values (the parent gives up sooner)
 
@@ -35,11 +37,81 @@ class AgreementAborted(RuntimeError):
 
 def one_world(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec, bypass):
     """One world on this rank, by the pool's kind: the exact CPU model, or the kernels of
-    the installed FlashInfer (its GPU ops module's ``pool_example``)."""
+    the installed FlashInfer (``kernel_world`` over its ``PoolOps``)."""
     if state["emulated"]:
         return _run_emulated_example(state, rank, ep_size, world, spec, bypass)
-    return state["ops"].pool_example(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes,
-                                     world, spec, bypass)
+    return kernel_world(state["ops"], state, rank, ep_size, max_dispatch_bytes,
+                        max_combine_bytes, world, spec, bypass)
+
+
+def kernel_world(ops, state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, world, spec,
+                 bypass) -> List[str]:
+    """One world on this rank on a generation's kernels (``ops``: its ``gpu/ops.py: PoolOps``):
+    the agreed and validated runtime, the A2A object of the world's key built collectively on
+    first use, payload regions poisoned before every example, then dispatch, stand-in experts
+    and combine; the receive counts, stale rows and output checked. A call the op refuses is
+    made by the refused ranks alone, after the agreement (no peer launches)."""
+    import zlib
+
+    import numpy as np
+
+    from ..emulator.rounds import expected_recv_counts
+    from ..emulator.inputs import make_inputs, reference_outputs
+    from ..model.validation import require_int, validate
+    from . import torch_ops
+    from .checks import poisoned_rows, rank_problems, stale_rows_ok
+
+    a2as = state["a2as"]
+    mine = rank_value(state, rank, world, spec, bypass)
+    moe, key = world.moe, ops.key(world)
+    known = key in a2as
+    if known:  # poisoned before the agreement, which is then also the barrier: the parent sends
+        ops.poison(a2as[key], rank, state)  # an example only when every rank has finished the
+    values = agree(state, mine, zlib.crc32(repr(world).encode()) << 1 | known)  # last
+    if bypass is False:
+        validate(values, world.views)  # the same verdict on every rank
+    runtime = require_int(values[rank])
+    if not known:  # collective: every rank reaches here for the same key
+        a2as[key] = ops.build(state, rank, ep_size, world, max_dispatch_bytes, max_combine_bytes)
+        ops.poison(a2as[key], rank, state)
+        agree(state, None)  # a barrier: nobody writes into a peer before it is poisoned
+    a2a = a2as[key]
+    inputs = make_inputs(world)
+    inp = inputs[rank]
+    ids, payloads = torch_ops.rank_inputs(torch_ops.device_inputs([inp], "cuda"), 0, moe.payloads)
+    refused = ops.refuses(world, values)
+    if refused:  # only the refused ranks call: FlashInfer refuses them before any launch
+        if rank in refused:
+            try:
+                ops.dispatch(a2a, world, rank, ep_size, runtime, ids, payloads)
+            except Exception as exc:  # noqa: BLE001 - TVM-FFI raises its own error types
+                raise KernelRefused(rank, world.rows_per_rank[rank], runtime, exc) from None
+            raise AssertionError(f"FlashInfer {world.flashinfer} launched rank {rank} with "
+                                 f"{world.rows_per_rank[rank]} rows and runtime {runtime}")
+        raise KernelRefused(refused[0], world.rows_per_rank[refused[0]], values[refused[0]],
+                            "refused on its own rank; this rank launched nothing")
+    recv, kept_poison = ops.dispatch(a2a, world, rank, ep_size, runtime, ids, payloads)
+    counts = ops.counts(a2a, rank, ep_size, state)
+    out = ops.combine(a2a, world, torch_ops.expert_outputs(recv, runtime, moe, rank, ep_size),
+                      runtime)
+    poisoned = poisoned_rows(kept_poison)
+    # the host's half while the GPU works; then the answers in one copy
+    expected = expected_recv_counts(world, inputs)[rank]
+    reference = reference_outputs(world, [inp])[0]
+    host_counts, host_poisoned, host_out = torch_ops.read_back([counts, poisoned, out])
+    return rank_problems(rank, bool(stale_rows_ok(host_poisoned, expected, runtime)), runtime,
+                         host_counts.view(np.int32), expected, host_out, reference)
+
+
+def kernel_round(ops, state, rank, ep_size, world, runtime, ids, payloads):
+    """One more round on this rank's A2A object (rounds back to back, no agreement or host
+    sync between them): its combined rows, on the device."""
+    from . import torch_ops
+
+    a2a = state["a2as"][ops.key(world)]
+    recv, _ = ops.dispatch(a2a, world, rank, ep_size, runtime, ids, payloads)
+    return ops.combine(a2a, world, torch_ops.expert_outputs(recv, runtime, world.moe, rank,
+                                                            ep_size), runtime)
 
 
 def agree(state, value, key: int = 0) -> list:
@@ -71,15 +143,18 @@ def agree(state, value, key: int = 0) -> list:
 
 def rank_value(state, rank: int, world, spec: str, bypass):
     """This rank's runtime: the policy's value for its view (the policy loaded once per rank
-    process), or ``bypass[rank]`` when the caller hands each rank its value."""
+    process by the pool's ``resolve``, the loader its maker handed it), or ``bypass[rank]``
+    when the caller hands each rank its value."""
     if isinstance(bypass, list):
         return bypass[rank]
     from ..model.properties import for_world
-    from ..policies import load_policy
 
     policies = state["policies"]
     if spec not in policies:
-        policies[spec] = load_policy(spec)[1]
+        if state.get("resolve") is None:
+            raise ValueError(f"this rank pool was made without a policy loader (resolve=): it "
+                             f"cannot load {spec!r}; hand each rank its value instead")
+        policies[spec] = state["resolve"](spec)[1]
     return for_world(policies[spec], world)(world.rank_view(rank))
 
 
@@ -115,90 +190,3 @@ def _run_emulated_example(state, rank, ep_size, world, spec, bypass) -> List[str
     stray = not any(e.target_rank == rank for e in trip.events)
     return rank_problems(rank, stray, runtimes[rank], trip.recv_counts[rank],
                          trip.expected_counts[rank], trip.outputs[rank], trip.reference[rank])
-
-
-def run_sglang_example(state, rank, ep_size, world, spec, bypass, ctx=None) -> dict:
-    """SGLang's own ``FlashinferDispatcher`` on this rank, end to end on the real kernels (or,
-    in a pool without a GPU, on the emulated ``MoeAlltoAll`` of ``emulator/gloo.py``):
-    its ``__init__`` builds its ``MoeAlltoAll`` (over the pool's group), its ``dispatch()``
-    launches the real dispatch kernel with the runtime it computes, the stand-in experts run
-    on what arrived, its ``combine()`` returns the result, checked against the reference."""
-    import numpy as np
-    import torch
-
-    from ..emulator.a2a import POISON
-
-    from ..emulator.rounds import expected_recv_counts
-    from ..emulator.inputs import make_inputs, reference_outputs
-    from ..model.sglang_context import SGLangContext
-    from ..model.mnnvl import aux_offsets
-    from ..sglang.loader import release_from_spec
-    from ..sglang.standins import StandardTopKOutput
-    from . import torch_ops
-    from .checks import rank_problems
-
-    engines, cpu = state["engines"], state["cpu"]
-    if spec not in engines:
-        release = release_from_spec(spec.partition(":")[2],
-                                    flashinfer="emulated" if state["emulated"] else "real")
-        release.process_group = cpu
-        engines[spec] = release
-    release, ctx = engines[spec], ctx or SGLangContext()
-    state["example"] = {"world": world, "bypass": bypass, "values": None, "launched": False}
-    emulated = state["emulated"]
-    device = "cpu" if emulated else "cuda"
-    inputs = make_inputs(world)
-    inp = inputs[rank]
-    x = torch.from_numpy(inp.x).to(device, torch.bfloat16)
-    ids = torch.from_numpy(inp.expert_ids).to(device)
-    weights = torch.from_numpy(inp.weights).to(device)
-    with release.as_rank(world, rank, ctx):
-        d = release.dispatcher(world, rank, ctx)  # collective the first time a shape is seen
-        a2a = d.moe_a2a
-        __agree_before_launch(a2a, state, ep_size)
-        if not emulated:  # the model's planes start poisoned for every call
-            a2a.workspace[rank][aux_offsets(ep_size, a2a.max_num_tokens).payload_data:].fill_(POISON)
-            torch.cuda.synchronize()  # poisoned before the agreement inside dispatch(), a barrier
-        out = d.dispatch(x, StandardTopKOutput(weights, ids, None))
-        runtime = state["example"]["values"][rank]
-        topk = out.topk_output
-        y = torch_ops.stand_in_moe(out.hidden_states.float()[None], topk.topk_ids[None],
-                                   topk.topk_weights[None], torch.tensor([rank], device=device),
-                                   world.moe.num_experts, ep_size)[0]
-        result = d.combine(release.module.FlashinferCombineInput(y))
-    expected = expected_recv_counts(world, inputs)[rank].copy()
-    reference = reference_outputs(world, [inp])[0]
-    if emulated:
-        counts, output = a2a.last_recv_counts.astype(np.int32), torch_ops.read_back([result])[0]
-    else:
-        rc = int(a2a.metainfo[state["index"]["RECV_COUNTERS_OFFSET_INDEX"]])
-        counts, output = torch_ops.read_back([a2a.workspace[rank][rc:rc + 4 * ep_size], result])
-        counts = counts.view(np.int32)
-    if world.rows_per_rank[rank] == 0 and counts[rank] == 1:
-        expected[rank] = 1  # releases before 0.5.15 send one dummy token to themselves
-    problems = rank_problems(rank, None, runtime, counts, expected, output, reference)
-    return {"problems": problems, "values": state["example"]["values"],
-            "max_num_tokens": a2a.max_num_tokens,
-            "workspace_size_per_rank": a2a.workspace_size_per_rank}
-
-
-def __agree_before_launch(a2a, state, ep_size):
-    """Wrap this ``MoeAlltoAll``'s ``dispatch`` (FlashInfer's object, not SGLang's code):
-    every rank all-gathers the runtime SGLang passes and, unless bypassed, validates it on
-    the CPU before the kernel; a rank launching alone would leave its peers spinning."""
-    if getattr(a2a, "_a2a_gate_agreed", False):
-        return
-    from ..model.validation import validate
-
-    launch = a2a.dispatch
-
-    def dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *a, **k):
-        example = state["example"]
-        example["launched"] = True  # from here on ranks wait for each other
-        agreed = agree(state, runtime_max_tokens_per_rank)
-        example["values"] = agreed
-        if example["bypass"] is False:
-            validate(agreed, example["world"].views)
-        return launch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *a, **k)
-    a2a.dispatch = dispatch
-    a2a._a2a_gate_agreed = True

@@ -2,7 +2,7 @@
 
 Rank ``r`` runs on GPU ``r % n_gpus``. The process group is NCCL when every rank has its own
 GPU and gloo when ranks outnumber GPUs (NCCL refuses two ranks on one GPU); a gloo group is
-always there for the CPU side of ``MoeAlltoAll``'s bootstrap and SGLang's code. For each
+always there for the CPU side of ``MoeAlltoAll``'s bootstrap and an engine's code. For each
 world every rank computes its own runtime with the policy under test from its own
 ``RankView`` (as production does), then every rank gets every rank's (runtime, world)
 through the parent, and all validate together before any kernel is launched; a rank that
@@ -41,8 +41,7 @@ from multiprocessing.reduction import ForkingPickler
 from ..model.generations import DEFAULT, generation_of, installed_version, using
 from . import env
 from ..sandbox.procs import alive
-from .rank_examples import (AgreementAborted, KernelRefused, one_world,
-                            run_sglang_example)
+from .rank_examples import AgreementAborted, KernelRefused, one_world
 
 __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",
            "RemoteMismatch", "RemoteSizingError", "RemoteEngineError", "RemoteRefused",
@@ -109,7 +108,7 @@ PRELOAD = ["torch", "torch.distributed", __name__]
 
 def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes: int,
             max_combine_bytes: int, log: str, parent: int, conn, sent_at: float,
-            emulated: bool = False):
+            emulated: bool = False, resolve=None):
     phases = {"process": time.time() - sent_at}  # from the parent's start() to here
     server = os.getppid()  # the forkserver, which exits when the parent does
     env.apply()
@@ -121,7 +120,7 @@ def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes:
         conn.send(("startup", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
     conn.send(("ready", rank, (state["backend"], phases)))
-    state.update(conn=conn, rank=rank, parent=parent, server=server)
+    state.update(conn=conn, rank=rank, parent=parent, server=server, resolve=resolve)
     profile_dir = os.environ.get(PROFILE_ENV)
     if not profile_dir:
         return _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent,
@@ -152,10 +151,12 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
             return
         kind, *example = msg
         try:
-            world = example[0][0] if isinstance(example[0], tuple) else example[0]
+            first = example[1] if kind == "engine" else example[0]  # an engine's: after its body
+            world = first[0] if isinstance(first, tuple) else first
             with using(world.flashinfer):  # the generation the world carries, the world alone sent
-                if kind == "sglang":
-                    result = run_sglang_example(state, rank, ep_size, *example)
+                if kind == "engine":  # the engine's own rank body, as the caller handed it
+                    body, *example = example
+                    result = body(state, rank, ep_size, *example)
                 elif kind == "sequence":
                     from .pool_sequence import run_sequence_on_rank
 
@@ -181,7 +182,7 @@ def _serve(state, rank, ep_size, max_dispatch_bytes, max_combine_bytes, parent, 
             if isinstance(exc, (RankRefused, KernelRefused)):  # nothing launched
                 conn.send(("refused", rank, text))
                 continue
-            if kind == "sglang" and not state["example"].get("launched"):
+            if kind == "engine" and not state["example"].get("launched"):
                 conn.send(("engine", rank, text))  # raised before any collective or kernel
                 continue
             text += "\n" + traceback.format_exc()
@@ -226,22 +227,27 @@ def _start_rank(rank: int, ep_size: int, port: int, n_gpus: int, phases: dict,
     t = phase("process group", t)
     from .ops import ops_of
 
-    ops = ops_of(installed)
-    index = ops.metainfo_index()
+    kernels = ops_of(installed)
+    index = kernels.metainfo_index()
     phase("flashinfer", t)
     return {"backend": backend, "cpu": cpu, "index": index, "a2as": {},
             "policies": {}, "engines": {}, "example": {}, "emulated": False,
-            "generation": installed.version, "ops": ops}
+            "generation": installed.version, "ops": kernels.PoolOps()}
 
 
 class RankPool:
     """``ep_size`` rank processes over ``n_gpus`` GPUs, reused across examples. The workspace
-    of each cap is sized for ``max_dispatch_bytes`` / ``max_combine_bytes`` per token."""
+    of each cap is sized for ``max_dispatch_bytes`` / ``max_combine_bytes`` per token.
+    ``resolve``: how a rank loads the ``--policy`` spec it is sent (``spec -> (name,
+    policy)``, a module-level function such as ``dispatcher.policies.load_policy``, handed by
+    whoever makes the pool: the pool sits below the policies and imports none of them);
+    without it the ranks take only the values the caller hands them, and engine steps."""
 
     def __init__(self, ep_size: int, n_gpus: int, max_dispatch_bytes: int,
                  max_combine_bytes: int, timeout: float = 60.0, start_timeout: float = 300.0,
-                 emulated: bool = False):
+                 emulated: bool = False, resolve=None):
         self.ep_size, self.n_gpus, self.emulated = ep_size, n_gpus, emulated
+        self.resolve = resolve
         self.max_dispatch_bytes, self.max_combine_bytes = max_dispatch_bytes, max_combine_bytes
         self.timeout, self.start_timeout = timeout, start_timeout
         self.backend = None
@@ -264,7 +270,7 @@ class RankPool:
             target=_worker, daemon=True, name=f"ep-rank-{r}",
             args=(r, self.ep_size, port, self.n_gpus, self.max_dispatch_bytes,
                   self.max_combine_bytes, str(self._log(r)), os.getpid(), pipes[r][1],
-                  sent_at, self.emulated)) for r in range(self.ep_size)]
+                  sent_at, self.emulated, self.resolve)) for r in range(self.ep_size)]
         for p in self._procs:
             p.start()
         for _, theirs in pipes:
@@ -375,13 +381,18 @@ class RankPool:
         if problems:
             raise RemoteMismatch("; ".join(problems))
 
-    def run_sglang(self, world, sglang_spec: str, bypass=False, ctx=None) -> List[dict]:
-        """Run one world through SGLang's own dispatcher on every rank (``sglang:...``):
-        its dispatch() and combine() on the real kernels, in context ``ctx`` (an
-        ``SGLangContext``; default eager decode). Returns each rank's record (the
-        runtimes all ranks passed, the cap and workspace SGLang built); raises
-        ``RemoteMismatch`` when the output, or the counts, are not the reference's."""
-        results = self._send("sglang", world, sglang_spec, bypass, ctx)
+    def run_engine(self, body, world, engine_spec: str, bypass=False, ctx=None) -> List[dict]:
+        """Run one world through an engine's own dispatcher on every rank: ``body`` is that
+        engine's rank body (a module-level function, sent by reference and imported by each
+        rank: ``dispatcher.sglang.rank_body.run_example``), called on each rank as
+        ``body(state, rank, ep_size, world, engine_spec, bypass, ctx)``; the pool names no
+        engine. ``ctx`` is the engine's context of the step (e.g. an ``SGLangContext``;
+        default eager decode). Returns each rank's record (the runtimes all ranks passed, the
+        cap and workspace the engine built); raises ``RemoteMismatch`` when the output, or the
+        counts, are not the reference's."""
+        if not callable(body) or "<" in getattr(body, "__qualname__", "<"):
+            raise TypeError(f"the rank body must be a module-level function, got {body!r}")
+        results = self._send("engine", world, engine_spec, bypass, ctx, body=body)
         problems = [p for r in results for p in r["problems"]]
         if problems:
             raise RemoteMismatch("; ".join(problems))
@@ -403,12 +414,13 @@ class RankPool:
         per_rank = self._send("sequence", tuple(worlds), policy_spec, False)
         return [[p for rank in per_rank for p in rank[n]] for n in range(len(worlds))]
 
-    def _send(self, kind, world, spec, bypass, *extra) -> list:
+    def _send(self, kind, world, spec, bypass, *extra, body=None) -> list:
         first = world[0] if isinstance(world, tuple) else world  # a sequence: its first round
         if first.ep_size != self.ep_size:
             raise ValueError(f"pool has {self.ep_size} ranks, world needs {first.ep_size}")
         try:
-            message = ForkingPickler.dumps((kind, world, spec, bypass, *extra))  # once for all
+            head = (kind, body) if body is not None else (kind,)
+            message = ForkingPickler.dumps((*head, world, spec, bypass, *extra))  # once for all
             for conn in self._conns:  # a few KiB into an idle pipe: never blocks
                 conn.send_bytes(message)
             return self._collect(self.timeout, "example")

@@ -18,19 +18,20 @@ from ..sandbox.standins import MODULE_TABLE
 __all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused"]
 
 
-def _pool(ep_size: int) -> Callable[[], object]:
-    def make():
+def _pool(ep_size: int) -> Callable[..., object]:
+    def make(resolve=None):
         from strategies import GPU_SHAPES
 
         from .env import flashinfer_missing, gpu_count
         from .rank_pool import RankPool
 
         return RankPool(ep_size, max(1, gpu_count()), GPU_SHAPES.largest.dispatch_bytes,
-                        GPU_SHAPES.largest.combine_bytes, emulated=bool(flashinfer_missing()))
+                        GPU_SHAPES.largest.combine_bytes, emulated=bool(flashinfer_missing()),
+                        resolve=resolve)
     return make
 
 
-def _single_gpu():
+def _single_gpu(resolve=None):
     """The installed FlashInfer's kernels on this GPU; on a machine without them, the exact
     CPU model behind the same calls (``single_cpu.py``; the plugin runs the tier's tests that
     need no hardware there, and --require-gpus fails them first)."""
@@ -46,8 +47,9 @@ def _single_gpu():
     return for_installed()  # on the installed FlashInfer's kernels
 
 
-# xdist group -> how its resource is made
-RESOURCES: Dict[str, Callable[[], object]] = {
+# xdist group -> how its resource is made (``resolve``: the policy loader a rank pool hands
+# its ranks, from the plugin: this folder sits below the policies)
+RESOURCES: Dict[str, Callable[..., object]] = {
     "gpu-single": _single_gpu,
     "rank-pool-2-shared": _pool(2),
     "rank-pool-4-shared": _pool(4),
@@ -69,7 +71,7 @@ _STARTED: Dict[str, tuple] = {}
 _LOCK = threading.Lock()
 
 
-def start(name: str) -> None:
+def start(name: str, resolve=None) -> None:
     """Start ``RESOURCES[name]`` in a background thread (once)."""
     with _LOCK:
         if name in _STARTED:
@@ -79,7 +81,7 @@ def start(name: str) -> None:
         def run():
             try:
                 with MODULE_TABLE:  # no engine sandbox swaps sys.modules while this imports
-                    box["value"] = RESOURCES[name]()
+                    box["value"] = RESOURCES[name](resolve)
             except BaseException as exc:  # noqa: BLE001 - raised again where it is taken
                 box["error"] = exc
         thread = threading.Thread(target=run, name=f"a2a-gate-warm-{name}", daemon=True)
@@ -87,20 +89,22 @@ def start(name: str) -> None:
         thread.start()
 
 
-def start_for(worker: str, workers: int, groups: Iterable[str], usable: Callable[[str], bool]) -> None:
+def start_for(worker: str, workers: int, groups: Iterable[str], usable: Callable[[str], bool],
+              resolve=None) -> None:
     """In xdist worker ``worker``: start each resource whose group is pinned to it and has a
     selected test that can run here (``usable``)."""
     for group in set(groups):
         if pinned_worker(group, workers) == worker and usable(group):
-            start(group)
+            start(group, resolve)
 
 
-def take(name: str):
-    """The resource, started earlier or now; its start's error is raised here."""
+def take(name: str, resolve=None):
+    """The resource, started earlier or now (with ``resolve``); its start's error is raised
+    here."""
     with _LOCK:
         entry = _STARTED.pop(name, None)
     if entry is None:
-        return RESOURCES[name]()
+        return RESOURCES[name](resolve)
     thread, box = entry
     thread.join()
     if "error" in box:

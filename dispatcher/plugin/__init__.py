@@ -451,8 +451,10 @@ def pytest_collection_finish(session):
             name = str(mark.args[0] if mark.args else mark.kwargs.get("name", ""))
             uses = warm.FIXTURES.get(name) in getattr(item, "fixturenames", ())
             groups[name] = groups.get(name, False) or (uses and not item.stash.get(_UNAVAILABLE, ""))
+    from dispatcher.policies import load_policy  # how the pools' ranks load the --policy spec
+
     warm.start_for(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), groups,
-                   lambda group: groups[group])
+                   lambda group: groups[group], resolve=load_policy)
 
 
 def pytest_runtest_setup(item):

@@ -37,10 +37,8 @@ DOORS = {
     ("dispatcher.sandbox.release_code", "_resolve_import"): (),  # the standard library, for engine code
 }
 SUITE_PACKAGE = "dispatcher.suite"  # the tests, installed: the top layer, not checked here
-# Imported inside a function on purpose, named here so that nothing else creeps in:
-# rank processes resolve the --policy spec they are sent.
-ALLOWED_UPWARD = {("dispatcher.gpu.rank_examples", "dispatcher.policies"),
-                  # the engine registry's door: a record names the folder that implements it,
+# Imported inside a function on purpose, named here so that nothing else creeps in.
+ALLOWED_UPWARD = {  # the engine registry's door: a record names the folder that implements it,
                   # opened on first use
                   *((("dispatcher.engines", t) for t in DOORS["dispatcher.engines", "module"]))}
 

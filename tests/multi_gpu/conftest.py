@@ -26,12 +26,13 @@ def pools():
     """``get(ep_size)``: that pool, started in the background by this worker after collection
     where the scheduler pinned the pool's group to it (``dispatcher.gpu.warm``)."""
     from dispatcher.gpu import warm
+    from dispatcher.policies import load_policy  # how the ranks load the --policy spec
 
     made = {}
 
     def get(ep_size):
         if ep_size not in made:
-            made[ep_size] = warm.take(f"rank-pool-{ep_size}-shared")
+            made[ep_size] = warm.take(f"rank-pool-{ep_size}-shared", resolve=load_policy)
         return made[ep_size]
     yield get
     for pool in made.values():

@@ -99,10 +99,11 @@ def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt():
     exact CPU model, where a start costs a second rather than a CUDA context and FlashInfer's
     module per rank twice; the real kernels' start is the shared pool's."""
     from dispatcher.gpu.rank_pool import RankCrashed, RankPool
+    from dispatcher.policies import load_policy
     from strategies import GPU_SHAPES
 
     pool = RankPool(2, 1, GPU_SHAPES.largest.dispatch_bytes, GPU_SHAPES.largest.combine_bytes,
-                    emulated=True)
+                    emulated=True, resolve=load_policy)
     try:
         world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=64)
         before = pool.restarts
@@ -111,6 +112,23 @@ def test_crashed_rank_fails_the_example_and_the_pool_is_rebuilt():
             pool.run(world, "dispatcher.sizing:ideal_rule")
         assert pool.restarts == before + 1
         pool.run(world, "dispatcher.sizing:ideal_rule")
+    finally:
+        pool.close()
+
+
+def test_a_pool_made_without_a_policy_loader_names_what_it_lacks():
+    """The pool sits below the policies: its maker hands the ranks their loader (resolve=).
+    One made without it refuses a spec by name, keeps its ranks, and still runs the values a
+    caller hands each rank (on the exact CPU model: the pool's own machinery)."""
+    from dispatcher.gpu.rank_pool import RankPool, RemoteError
+
+    pool = RankPool(2, 1, 640, 512, emulated=True)
+    try:
+        world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=64)
+        with pytest.raises(RemoteError, match="without a policy loader"):
+            pool.run(world, "dispatcher.sizing:ideal_rule")
+        assert pool.restarts == 0
+        pool.run(world, "unused", bypass=[2, 2])
     finally:
         pool.close()
 

@@ -15,6 +15,7 @@ from dispatcher.model.sglang_context import SGLangContext
 from dispatcher.policies import load_policy
 from dispatcher.engines import ENGINES
 from dispatcher.model.world import MoeConfig, World
+from dispatcher.sglang.rank_body import run_example as sglang_rank
 from strategies import sglang_pool_worlds
 
 from .conftest import ep_sizes, on_pool, search
@@ -42,8 +43,9 @@ def assert_sglang_cannot_run_on_074(pool, spec):
 
     before = pool.restarts
     with pytest.raises(RemoteEngineError, match="ImportError"):
-        pool.run_sglang(World(ep_size=pool.ep_size, dp_size=pool.ep_size,
-                              group_tokens=(2,) * pool.ep_size, max_num_tokens=8), spec)
+        pool.run_engine(sglang_rank, World(ep_size=pool.ep_size, dp_size=pool.ep_size,
+                                           group_tokens=(2,) * pool.ep_size, max_num_tokens=8),
+                        spec)
     assert pool.restarts == before
 
 
@@ -65,7 +67,7 @@ def test_sglang_dispatch_and_combine_on_the_real_kernels(ep_size, pools, engine_
 
         world = properties.world_for(release, world, keep_cap=True)
         try:
-            results = pool.run_sglang(world, engine_spec)
+            results = pool.run_engine(sglang_rank, world, engine_spec)
         except RemoteEngineError as exc:  # SGLang's dispatch() raised on every rank
             raise properties.RuleCrashed(f"[rule crashed] {engine_spec} dispatch() raised on "
                                          f"every EP rank: {exc}\n"
@@ -103,10 +105,12 @@ def test_a_rank_variant_release_is_caught_through_the_kernels(pools):
     if real_074(pool):
         return assert_sglang_cannot_run_on_074(pool, "sglang:0.5.13")
     with pytest.raises((RemoteMismatch, RemoteKernelFault)) as info:
-        pool.run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", bypass=True, ctx=COLLAPSED)
+        pool.run_engine(sglang_rank, COLLAPSED_WORLD, "sglang:0.5.13", bypass=True,
+                        ctx=COLLAPSED)
     assert "differs from the reference" in str(info.value) or "CUDA" in str(info.value) \
         or "recv counts" in str(info.value)
-    pool.run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", ctx=SGLangContext())  # and it goes on
+    pool.run_engine(sglang_rank, COLLAPSED_WORLD, "sglang:0.5.13",
+                    ctx=SGLangContext())  # and it goes on
 
 
 @on_pool(2)
@@ -116,7 +120,7 @@ def test_the_agreement_refuses_a_rank_variant_sglang_runtime_before_any_kernel(p
     if real_074(pools(2)):
         return assert_sglang_cannot_run_on_074(pools(2), "sglang:0.5.13")
     with pytest.raises(RemoteSizingError, match="RuntimeDisagreement"):
-        pools(2).run_sglang(COLLAPSED_WORLD, "sglang:0.5.13", ctx=COLLAPSED)
+        pools(2).run_engine(sglang_rank, COLLAPSED_WORLD, "sglang:0.5.13", ctx=COLLAPSED)
 
 
 @on_pool(2)
@@ -143,6 +147,6 @@ def test_a_rank_failing_before_the_agreement_leaves_the_pool_in_step(pools, tmp_
         return assert_sglang_cannot_run_on_074(pool, f"sglang:{mutant}")
     before, t0 = pool.restarts, time.monotonic()
     with pytest.raises(RemoteEngineError, match="x.shape"):
-        pool.run_sglang(world, f"sglang:{mutant}")
+        pool.run_engine(sglang_rank, world, f"sglang:{mutant}")
     assert pool.restarts == before and time.monotonic() - t0 < 20
-    pool.run_sglang(world, f"sglang:{RELEASES[-1]}")  # and the next example runs
+    pool.run_engine(sglang_rank, world, f"sglang:{RELEASES[-1]}")  # and the next example runs
