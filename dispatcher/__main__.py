@@ -6,7 +6,7 @@ an SGLang policy it also prints what SGLang's own dispatch() saw and did on ever
 checks every bug class, in the context given (default: eager decode). The world and the
 context are read by ``dispatcher.model.parse`` (literals only, never evaluated as code).
 
-This process is the controller: the replay runs in a child process (``dispatcher.replay``),
+This process is the controller: the replay runs in a child process (``dispatcher.commands.replay``),
 bounded by ``--timeout``, and the exit status is decided here from what the child reported,
 so nothing the policy runs (``os._exit(0)`` at import, in a rule call or at exit; a loop that
 never returns) can make a failure look like a pass.
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         report = Path(tmp) / "report"
         report.touch()
         env = child_env(args.policy, A2A_GATE_REPLAY_REPORT=str(report))
-        proc = subprocess.Popen(python_child("dispatcher.replay", *argv), env=env,
+        proc = subprocess.Popen(python_child("dispatcher.commands.replay", *argv), env=env,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=die_with_parent)
         try:

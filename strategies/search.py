@@ -10,7 +10,7 @@
   and ``assert_no_examples`` would visit for each, without generating them again.
 
 Every search is derandomized, uses no example database and has no deadline, so it gives the
-same answer in pytest, in ``python -m dispatcher.verdicts`` and in a benchmark.
+same answer in pytest, in ``python -m dispatcher.commands.verdicts`` and in a benchmark.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Measure SGLang releases against every bug class and every property; print the tables.
 
-    python -m dispatcher.verdicts --engine sglang     # every distinct release 0.5.10-0.5.23
-    python -m dispatcher.verdicts 0.5.23 /path/to/sglang
+    python -m dispatcher.commands.verdicts --engine sglang     # every distinct release 0.5.10-0.5.23
+    python -m dispatcher.commands.verdicts 0.5.23 /path/to/sglang
 
 Bug classes (``bug_classes.py``): for each release and class, Hypothesis searches that class's
 regime (``BugClass.steps``) for a step where the release's own dispatch() breaks the

@@ -1,7 +1,7 @@
 """Measure vLLM releases' FlashInfer NVLink prepare() against every property, per regime.
 
-    python -m dispatcher.verdicts --engine vllm            # the pinned releases
-    python -m dispatcher.verdicts --engine vllm 0.33.0 0.33.0@two-sided /path/to/vllm
+    python -m dispatcher.commands.verdicts --engine vllm            # the pinned releases
+    python -m dispatcher.commands.verdicts --engine vllm 0.33.0 0.33.0@two-sided /path/to/vllm
 
 For each release (one-sided, and two-sided where it ships the file) and each regime of
 ``strategies.vllm_worlds``, Hypothesis searches for a world where the release's own prepare()

@@ -175,7 +175,7 @@ def test_bad_sglang_targets_are_policy_errors(tmp_path, monkeypatch):
 
 
 def test_the_verdict_command_refuses_specs_its_engine_filter_would_drop():
-    out = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", "--engine", "vllm",
+    out = subprocess.run([sys.executable, "-m", "dispatcher.commands.verdicts", "--engine", "vllm",
                           "0.5.23"], capture_output=True, text=True, cwd=SOURCE, timeout=120)
     assert out.returncode == 2 and "does not gate 0.5.23" in out.stderr
 
@@ -295,7 +295,8 @@ def test_installed_runs_keep_their_caches_beside_the_releases(monkeypatch, tmp_p
     from types import SimpleNamespace
 
     import dispatcher
-    from dispatcher import plugin, runner
+    from dispatcher import plugin
+    from dispatcher.commands import runner
 
     if importlib.util.find_spec("dispatcher.suite") is None:  # a checkout on PYTHONPATH alone
         pytest.skip("the gate is not installed here (pip install -e .): no installed suite")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher import bisect as bisect_mod
-from dispatcher.bisect import BAD, GOOD, SKIP, BisectError, Verdict, bisect
+from dispatcher.commands import bisect as bisect_mod
+from dispatcher.commands.bisect import BAD, GOOD, SKIP, BisectError, Verdict, bisect
 from dispatcher.sglang import fetch
 from dispatcher.sglang.sources import RELEASES
 
@@ -190,11 +190,11 @@ def test_sigterm_removes_the_worktree_and_leaves_the_checkout(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from dispatcher.bisect import bisect, main, GOOD, Verdict
+        from dispatcher.commands.bisect import bisect, main, GOOD, Verdict
         def judge(tree, replay, replay_only=False):
             Path({str(started)!r}).write_text(str(tree))
             time.sleep(60)
-        import dispatcher.bisect as b
+        import dispatcher.commands.bisect as b
         b.GateJudge = lambda *a, **k: judge
         sys.exit(main(["--good", {shas['good']!r}, "--bad", {shas['later']!r},
                        "--repo", {str(repo)!r}, "--engine", "sglang",
@@ -226,7 +226,7 @@ def test_a_worktree_a_killed_bisect_left_is_removed_by_the_next(history, tmp_pat
     script = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from dispatcher.bisect import _worktree
+        from dispatcher.commands.bisect import _worktree
         with _worktree(Path({str(repo)!r}), {shas['good']!r}) as (tree, folder):
             os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -307,7 +307,7 @@ def test_bisect_from_a_replay_line_end_to_end(sglang_history, lone_history, tmp_
     counterexample fails at --bad, holds at --good, and the report names the commit; over a
     checkout's history and over one that holds the dispatcher file alone."""
     repo, good, culprit = sglang_history if kind == "tree" else lone_history
-    done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "bisect", "--good", good,
+    done = subprocess.run([sys.executable, "-m", "dispatcher.commands.cli", "bisect", "--good", good,
                            "--bad", culprit, "--repo", str(repo), "--replay", LINE,
                            "--logs", str(tmp_path / "logs")],
                           capture_output=True, text=True, timeout=300, cwd=SOURCE)

@@ -258,7 +258,7 @@ def test_the_replay_runs_nothing_from_the_current_directory(tmp_path, monkeypatc
     _path(monkeypatch, rules)
     world = repr(World(ep_size=2, dp_size=1, group_tokens=(2,), max_num_tokens=4))
     # a2a-gate as its console script runs it (``python -m`` would put the folder first itself)
-    gate = [sys.executable, "-c", DROP_CWD + "from dispatcher.cli import main\nsys.exit(main())"]
+    gate = [sys.executable, "-c", DROP_CWD + "from dispatcher.commands.cli import main\nsys.exit(main())"]
     done = subprocess.run(gate + ["replay", "--policy", "elsewhere_rule:rule", world],
                           capture_output=True, text=True, timeout=120, cwd=here)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -362,7 +362,7 @@ def test_a_module_that_prints_without_end_at_import_is_stopped_at_once(hostile, 
 def test_the_verdicts_command_loads_a_file_in_a_child_first(tmp_path):
     engine = tmp_path / "flashinfer.py"
     engine.write_text("import os\nos._exit(0)\n\n\nclass FlashinferDispatcher:\n    pass\n")
-    done = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", f"sglang:{engine}"],
+    done = subprocess.run([sys.executable, "-m", "dispatcher.commands.verdicts", f"sglang:{engine}"],
                           capture_output=True, text=True, timeout=120, cwd=SOURCE)
     assert done.returncode == 2 and "ended the process" in done.stderr, done.stdout + done.stderr
 
@@ -371,7 +371,7 @@ def test_the_gates_commands_write_nothing_into_the_folder_they_run_from(tmp_path
     """``a2a-gate verdicts`` (and compat, canary) run from an engine's checkout keep
     Hypothesis's files beside the gate's, never a ``.hypothesis/`` in that checkout."""
     env = dict(os.environ, PYTHONPATH=str(SOURCE))
-    done = subprocess.run([sys.executable, "-c", "from dispatcher.runner import keep_hypothesis_home\n"
+    done = subprocess.run([sys.executable, "-c", "from dispatcher.commands.runner import keep_hypothesis_home\n"
                            "keep_hypothesis_home()\n"
                            "from strategies.search import minimal\nfrom strategies import worlds\n"
                            "minimal(worlds(), lambda w: w.ep_size > 2, 50)\n"],
@@ -404,7 +404,7 @@ def test_the_verdicts_command_fails_where_a_files_dispatch_exits_or_hangs(tmp_pa
 
     env = dict(os.environ, **{ENV: PINNED_RELEASES_GENERATION})  # whose API 0.5.23 calls
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "dispatcher.verdicts", f"sglang:{engine}",
+    done = subprocess.run([sys.executable, "-m", "dispatcher.commands.verdicts", f"sglang:{engine}",
                            "--rule-timeout-s", "0.5"],
                           capture_output=True, text=True, timeout=120, cwd=SOURCE, env=env)
     assert done.returncode == 1, done.stdout + done.stderr

@@ -183,7 +183,7 @@ def test_the_gate_refuses_such_a_tree_before_any_test(tree):
     """The user's command: a usage error (exit 4) naming the missing function, not a green run."""
     _file(tree, sources.COMMON).unlink()
     env = {k: v for k, v in os.environ.items() if k != NEWEST_ENV}
-    from dispatcher.runner import suite_args  # the suite as a checkout or a2a-gate runs it
+    from dispatcher.commands.runner import suite_args  # the suite as a checkout or a2a-gate runs it
 
     args = suite_args(args=["-p", "no:cacheprovider", "--co", "-q", f"--policy=sglang:{tree}",
                             "cpu/test_validation.py"])
@@ -338,7 +338,7 @@ def test_engine_code_of_a_tree_that_exits_or_hangs_fails_its_test(tree, body, wo
     ends the process or never returns: it runs in the supervised process, so the run fails
     with the world, never exit 0 and never a hang (the parent's SIGKILL deadline)."""
     env = _hostile_companion(tree, body)
-    from dispatcher.runner import suite_args
+    from dispatcher.commands.runner import suite_args
 
     args = suite_args(args=["-p", "no:cacheprovider", "-q", "-n", "0", f"--policy=sglang:{tree}",
                             "--rule-timeout-s=0.5", "sglang/test_engine_steps.py",

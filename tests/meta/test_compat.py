@@ -9,7 +9,7 @@ pytestmark = needs_torch(reason="the engines' files need torch")
 
 @pytest.mark.xdist_group("flashinfer-compat")
 def test_docs_table_is_the_measured_one():
-    from dispatcher.compat import markdown, table
+    from dispatcher.commands.compat import markdown, table
 
     docs = SOURCE / "docs" / "flashinfer.md"
     if not docs.is_file():  # the installed suite carries no docs
@@ -17,11 +17,11 @@ def test_docs_table_is_the_measured_one():
     measured = markdown(table())
     assert measured in docs.read_text(), (
         "docs/flashinfer.md's engine x FlashInfer table is stale; regenerate it with "
-        "python -m dispatcher.compat\n" + measured)
+        "python -m dispatcher.commands.compat\n" + measured)
 
 
 def test_each_release_runs_on_the_generation_it_is_judged_on():
-    from dispatcher.compat import launch_error
+    from dispatcher.commands.compat import launch_error
     from dispatcher.engines import ENGINES
 
     for engine in ENGINES.values():
@@ -30,7 +30,7 @@ def test_each_release_runs_on_the_generation_it_is_judged_on():
 
 
 def test_the_newest_releases_fail_on_074_with_their_own_errors():
-    from dispatcher.compat import cell
+    from dispatcher.commands.compat import cell
 
     assert cell("vllm:0.33.0", "0.7.4") == (
         "TypeError: NVLinkOneSidedAlltoAll.dispatch() got an unexpected keyword argument "

@@ -13,7 +13,7 @@ from .. import SOURCE
 LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.sizing": 0, "dispatcher.mutants": 0, "dispatcher.sandbox": 0,
     "dispatcher.sandbox.procs": 0,
-    "dispatcher.model": 1, "dispatcher.engines": 1, "dispatcher.runner": 1,
+    "dispatcher.model": 1, "dispatcher.engines": 1,
     "dispatcher.releases": 1, "dispatcher.sandbox.release_code": 1,
     "dispatcher.sandbox.engine_tensors": 1,
     "dispatcher.emulator": 2, "strategies": 2, "dispatcher.flashinfer": 2,
@@ -21,10 +21,12 @@ LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.gpu": 3, **{f"dispatcher.{name}": 3 for name in ENGINES},  # an engine's folder
     "dispatcher.cross_round_verdicts": 3,
     "dispatcher.policies": 4, "dispatcher.supervised": 4, "dispatcher.__main__": 4,
-    "dispatcher.verdicts": 4, "dispatcher.compat": 4, "dispatcher.canary": 4,
+    # the commands users run: the replay's process, the tables, the canary and the suite's
+    # settings; the CLI and bisect on top
+    "dispatcher.commands": 4,
     "dispatcher": 4,  # the package's __init__ re-exports the model's names
     "dispatcher.plugin": 5,  # the pytest plugin: its hooks, fixtures, profiles, exit status
-    "dispatcher.bisect": 6, "dispatcher.cli": 6,
+    "dispatcher.commands.bisect": 6, "dispatcher.commands.cli": 6,
 }
 # Every importlib door of the gate's modules, (module, function) -> the gate's modules it opens
 # (engine code the user names, or the standard library, open none of the gate's): a new door
@@ -188,7 +190,7 @@ def test_collecting_the_suite_imports_no_torch():
     import subprocess
     import sys
 
-    from dispatcher.runner import suite_args
+    from dispatcher.commands.runner import suite_args
 
     args = suite_args(args=["--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider"])
     code = ("import sys, pytest\n"

@@ -35,7 +35,7 @@ def _next_tree(tmp_path, edits):
 
 def _judged(spec):
     """The generation the release runs on, and its properties on a few steps there."""
-    from dispatcher.canary import runs_on
+    from dispatcher.commands.canary import runs_on
     from dispatcher.model import properties
     from dispatcher.model.generations import using
     from dispatcher.model.world import World
@@ -76,7 +76,7 @@ def test_a_changed_manager_signature_runs_the_releases_own_manager(tmp_path):
 def test_a_name_the_gate_does_not_run_is_refused_by_name_where_it_is_used(tmp_path):
     """A release that calls a vLLM function the gate neither runs nor stands in is not judged,
     and never blamed on vLLM: the message names the function."""
-    from dispatcher.canary import runs_on
+    from dispatcher.commands.canary import runs_on
 
     tree = _next_tree(tmp_path, {FILE: (
         "        global_num_tokens_cpu = get_local_sizes()\n",
@@ -88,7 +88,7 @@ def test_a_name_the_gate_does_not_run_is_refused_by_name_where_it_is_used(tmp_pa
 
 
 def test_the_canary_says_what_it_judged_and_fails_only_on_what_it_could_not(monkeypatch, capsys):
-    from dispatcher import canary
+    from dispatcher.commands import canary
     from dispatcher.engines import ENGINES
 
     newest = {"sglang": ENGINES["sglang"].releases[-1], "vllm": "99.0.0",
@@ -227,7 +227,7 @@ def test_sglang_a_changed_helper_signature_runs_the_trees_own_helper(tmp_path):
 def test_sglang_a_name_the_gate_does_not_run_is_refused_by_name_where_it_is_used(tmp_path):
     """A dispatch() that calls an SGLang function the gate neither runs nor stands in is not
     judged, and never blamed on SGLang: the message names the function."""
-    from dispatcher.canary import runs_on
+    from dispatcher.commands.canary import runs_on
 
     tree = _sglang_tree(tmp_path, [
         (SGL, "import torch\n", "import torch\n\nfrom sglang.srt.layers.dp_attention import "

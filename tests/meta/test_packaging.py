@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dispatcher.runner import INI_ARGS, suite_args
+from dispatcher.commands.runner import INI_ARGS, suite_args
 from dispatcher.plugin import MARKERS
 
 from .. import SOURCE, SUITE, hostile_folder
@@ -46,7 +46,7 @@ def test_a2a_gate_runs_the_suite_from_outside_the_repository(tmp_path, monkeypat
     rules, here = hostile_folder(tmp_path)
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(rules), str(SOURCE), *rest]))
-    gate = [sys.executable, "-c", DROP_CWD + "from dispatcher.cli import main\nsys.exit(main())"]
+    gate = [sys.executable, "-c", DROP_CWD + "from dispatcher.commands.cli import main\nsys.exit(main())"]
     done = subprocess.run(gate + ["-p", "no:cacheprovider", "--co", "-q", "-n", "2",
                                   "--policy=elsewhere_rule:rule", "--self-check"],
                           capture_output=True, text=True, cwd=here, timeout=300)
@@ -62,7 +62,7 @@ def test_the_installed_gate_sets_pytests_cache_only_where_the_cache_plugin_runs(
     """Installed, the gate puts pytest's cache beside its release caches (``-o cache_dir``);
     with the cache plugin off that option does not exist, and --strict-config would refuse
     the run (exit 4), so it is not passed."""
-    from dispatcher import runner
+    from dispatcher.commands import runner
 
     monkeypatch.setattr(runner, "_suite", lambda: (tmp_path, ["-c", os.devnull],
                                                    ["-o", "cache_dir=/elsewhere"]))

@@ -47,7 +47,7 @@ def test_engine_has_no_bug_class(engine, key):
     """Each class's regime, searched for the engine under test (a pinned release's known
     classes are left to test_releases, which expects them). Steps whose server config the
     engine's own checks refuse are none of its steps. Hazards (contexts SGLang's own code does
-    not produce) are no test here: ``python -m dispatcher.verdicts`` reports them in
+    not produce) are no test here: ``python -m dispatcher.commands.verdicts`` reports them in
     the hardening column."""
     if _allowed(engine, key):
         pytest.skip(f"{engine.label} is known to ship {key} (docs/sglang.md): test_releases "

@@ -2,7 +2,7 @@
 (files fetched from PyPI with ``pip download --no-deps``, verified and cached in ``.sglang/``).
 
 The EXPECTED tables are the verdict tables of docs/sglang.md, measured with
-``python -m dispatcher.verdicts``; these tests re-measure every cell on every run, so
+``python -m dispatcher.commands.verdicts``; these tests re-measure every cell on every run, so
 a change in the stand-ins or the world model that would change a verdict is caught, and each
 bug class is pinned with the shrunk counterexample of the first release that shipped it.
 """

@@ -3,7 +3,7 @@ from PyPI with ``pip download --no-deps``, verified and cached in ``.vllm/``), e
 FlashInfer generation whose API it calls (``fetch.JUDGED_ON``: 0.34.0 on 0.7.4).
 
 EXPECTED is the vLLM verdict table of docs/vllm.md, measured with
-``python -m dispatcher.verdicts --engine vllm``; every cell is re-measured here on
+``python -m dispatcher.commands.verdicts --engine vllm``; every cell is re-measured here on
 every run, and the one failure vLLM's history has in this gate (prepare() raising under
 prefill context parallelism with DP = 1, until 0.32.0) is pinned with its shrunk world.
 """

@@ -8,7 +8,7 @@ from typing import List, Sequence, Tuple
 
 __all__ = ["suite_args", "INI_ARGS", "hypothesis_home", "keep_hypothesis_home"]
 
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 # The pytest settings the suite runs with: pyproject.toml's [tool.pytest.ini_options] in a
 # checkout, these arguments from ``a2a-gate`` anywhere else (tests/meta holds them equal). Kept
 # here, not in the plugin: importing the plugin before pytest starts would leave it (and
@@ -25,7 +25,7 @@ def _suite() -> Tuple[Path, List[str], List[str]]:
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("a2a-gate: the suite (dispatcher.suite) is not installed with the gate")
     suite = Path(list(spec.submodule_search_locations)[0])
-    from .releases.wheels import user_cache  # pytest's cache beside the releases, not in site-packages
+    from ..releases.wheels import user_cache  # pytest's cache beside the releases, not in site-packages
 
     return (suite, ["-c", os.devnull, "--rootdir", str(suite), "-p", "dispatcher.plugin",
                     *INI_ARGS], ["-o", f"cache_dir={user_cache() / 'pytest-cache'}"])
@@ -61,7 +61,7 @@ def hypothesis_home() -> Path:
     caches; never the folder a command is run from (an engine's checkout)."""
     if (_REPO / "pyproject.toml").is_file():
         return _REPO / ".hypothesis"
-    from .releases.wheels import user_cache
+    from ..releases.wheels import user_cache
 
     return user_cache() / "hypothesis-home"
 

@@ -1,4 +1,4 @@
-"""``python -m dispatcher.compat``: every pinned release of every engine on each FlashInfer
+"""``python -m dispatcher.commands.compat``: every pinned release of every engine on each FlashInfer
 generation the gate models (the table in docs/flashinfer.md).
 
 Each cell runs the release's own file on one step (eager decode, 4 EP ranks, 8 tokens; DP
@@ -15,10 +15,10 @@ import argparse
 import sys
 from typing import Dict, List, Tuple
 
-from .engines import ENGINES, engine_of_spec
-from .model.generations import GENERATIONS, using
-from .model.world import World
-from .releases.wheels import ReleaseError
+from ..engines import ENGINES, engine_of_spec
+from ..model.generations import GENERATIONS, using
+from ..model.world import World
+from ..releases.wheels import ReleaseError
 
 __all__ = ["cell", "table", "markdown", "step_for", "specs"]
 
@@ -34,8 +34,8 @@ def step_for(dp_size: int, version: str) -> World:
 def launch_error(spec: str, version: str):
     """``(policy, None)`` where release ``spec`` reaches FlashInfer's launch on one step with
     ``version``'s API, else ``(policy, the error it raises there)``."""
-    from .model import properties
-    from .policies import load_policy
+    from ..model import properties
+    from ..policies import load_policy
 
     with using(version):
         policy = load_policy(spec)[1]
@@ -52,7 +52,7 @@ def cell(spec: str, version: str) -> str:
     policy, error = launch_error(spec, version)
     if error is not None:
         return error
-    from .model.generations import generation_of
+    from ..model.generations import generation_of
 
     if policy.runs_modelled_a2a and generation_of(version).fixed_combine_region:
         # the combine input no longer follows the runtime: no round reaches the last one's
@@ -63,7 +63,7 @@ def cell(spec: str, version: str) -> str:
             return "runs"
         from strategies.search import visited
 
-        from .cross_round_verdicts import EXAMPLES, ONE_FORMAT, first_exposed
+        from ..cross_round_verdicts import EXAMPLES, ONE_FORMAT, first_exposed
 
         exposed = first_exposed(policy, visited(ONE_FORMAT, EXAMPLES)) is not None
     return f"runs; cross-round {'exposed' if exposed else 'closed'}"
@@ -96,7 +96,7 @@ def markdown(rows: Dict[str, Tuple[str, ...]]) -> str:
 
 
 def main(argv=None) -> int:
-    argparse.ArgumentParser(prog="python -m dispatcher.compat",
+    argparse.ArgumentParser(prog="python -m dispatcher.commands.compat",
                             description=__doc__.split("\n\n")[0]).parse_args(argv)
     from .runner import keep_hypothesis_home
 

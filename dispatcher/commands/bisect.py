@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from .engines import ENGINES
-from .sandbox.procs import OutputFlood, alive, child_env, python_child, run_bounded
+from ..engines import ENGINES
+from ..sandbox.procs import OutputFlood, alive, child_env, python_child, run_bounded
 from .runner import suite_args
 
 __all__ = ["main", "bisect", "BisectError", "GateJudge", "Verdict", "PROPERTIES", "GOOD",
@@ -346,8 +346,8 @@ def _checked_options(args) -> Optional[Path]:
         import io
         import shlex
 
-        from .__main__ import parser as replay_parser
-        from .model.parse import BadWorld, parse_sequence, parse_world
+        from ..__main__ import parser as replay_parser
+        from ..model.parse import BadWorld, parse_sequence, parse_world
 
         if not _REPLAY.match(f"replay: {args.replay}"):
             raise BisectError(f"--replay {args.replay[:200]!r}: not a replay line "

@@ -17,15 +17,15 @@ import os
 import sys
 import traceback
 
-from .emulator.rounds import round_trip
-from .model import properties
-from .model.parse import BadWorld, parse_context, parse_sequence, parse_world
-from .model.engine import is_engine
-from .model.sglang_context import SGLangContext
-from .model.validation import A2ASizingError, validate
-from .policies import PolicyError
-from .supervised import PolicyProcessLost, load_supervised
-from .sizing import NotApplicable
+from ..emulator.rounds import round_trip
+from ..model import properties
+from ..model.parse import BadWorld, parse_context, parse_sequence, parse_world
+from ..model.engine import is_engine
+from ..model.sglang_context import SGLangContext
+from ..model.validation import A2ASizingError, validate
+from ..policies import PolicyError
+from ..supervised import PolicyProcessLost, load_supervised
+from ..sizing import NotApplicable
 
 OK, VIOLATED, BAD_INPUT, INTERNAL = 0, 1, 2, 3
 REPORT_ENV = "A2A_GATE_REPLAY_REPORT"
@@ -100,8 +100,8 @@ def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
     failing sequence test printed. Every step is held to every property (an SGLang sequence
     of (world, context) steps: to every bug class too); the cross-round rows at risk between
     consecutive A2A rounds are shown."""
-    from .model.generations import active
-    from .model.sequences import check_sequence
+    from ..model.generations import active
+    from ..model.sequences import check_sequence
 
     try:
         steps = parse_sequence(text)
@@ -119,8 +119,8 @@ def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
         return BAD_INPUT
     try:
         if paired:
-            from .sglang.bug_classes import BUGS
-            from .sglang.sequences import check_steps
+            from ..sglang.bug_classes import BUGS
+            from ..sglang.sequences import check_steps
 
             hazards = check_steps(policy, steps, BUGS)
         else:
@@ -142,7 +142,7 @@ def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
 
 def _engine_classes(release, world, ctx) -> int:
     """Every bug class on this step of an SGLang release; the number violated."""
-    from .sglang.bug_classes import BUG_CLASSES, check_step, describe_step
+    from ..sglang.bug_classes import BUG_CLASSES, check_step, describe_step
 
     print(describe_step(release, world, ctx, release.step(world, ctx)))
     failed = 0
@@ -161,15 +161,15 @@ def _engine_classes(release, world, ctx) -> int:
 def run(args) -> int:
     """The replay of parsed arguments (``__main__.parser()``); the verdict is reported too."""
     if args.rule_timeout_s:
-        from .model.guard import CALL_TIMEOUT
+        from ..model.guard import CALL_TIMEOUT
 
         CALL_TIMEOUT.set(args.rule_timeout_s)
     if args.newest_companions:
-        from .releases.companions import NEWEST_ENV
+        from ..releases.companions import NEWEST_ENV
 
         os.environ[NEWEST_ENV] = "1"
     if args.flashinfer:
-        from .model import generations
+        from ..model import generations
 
         try:
             os.environ[generations.ENV] = generations.generation_of(args.flashinfer).version
@@ -189,7 +189,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    from .__main__ import parser
+    from ..__main__ import parser
 
     code = run(parser().parse_args(argv))
     sys.stdout.flush()

@@ -1,4 +1,4 @@
-"""``python -m dispatcher.verdicts [--engine NAME|all] [SPEC ...]`` (``a2a-gate verdicts``): the
+"""``python -m dispatcher.commands.verdicts [--engine NAME|all] [SPEC ...]`` (``a2a-gate verdicts``): the
 verdict tables of every engine in ``dispatcher.engines.ENGINES`` (each engine's
 ``verdicts.py``). With SPECs, only those (``0.5.23``, ``sglang:PATH``, ``vllm:0.33.0``,
 ``vllm:0.33.0@two-sided``); a SPEC without an engine prefix is the first engine's (SGLang).
@@ -12,11 +12,11 @@ import sys
 DONE = "A2A-GATE-VERDICTS-DONE"  # the child's last line, once every table is printed
 DEFAULT_TIMEOUT_S = 4 * 3600.0
 
-from .engines import ENGINES, engine_of_spec
-from .model.properties import PropertyViolation
-from .sandbox.procs import seconds_arg as _seconds
-from .supervised import PolicyProcessLost, load_supervised
-from .releases.wheels import ReleaseError
+from ..engines import ENGINES, engine_of_spec
+from ..model.properties import PropertyViolation
+from ..sandbox.procs import seconds_arg as _seconds
+from ..supervised import PolicyProcessLost, load_supervised
+from ..releases.wheels import ReleaseError
 
 DEFAULT_ENGINE = next(iter(ENGINES))  # a bare version or path: SGLang's
 
@@ -26,7 +26,7 @@ def _engine(spec: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dispatcher.verdicts",
+    parser = argparse.ArgumentParser(prog="python -m dispatcher.commands.verdicts",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=(*ENGINES, "all", "both"), default="all",
                         help="one engine's tables, or all (both: the same as all)")
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     if not 0 < args.timeout <= 7 * 86_400:
         parser.error(f"--timeout must be a positive number of seconds up to a week, got "
                      f"{args.timeout}")
-    from .model.guard import CALL_TIMEOUT
+    from ..model.guard import CALL_TIMEOUT
 
     if args.rule_timeout_s is not None and args.rule_timeout_s > CALL_TIMEOUT.MAX_SECONDS:
         parser.error(f"--rule-timeout-s must be at most {CALL_TIMEOUT.MAX_SECONDS:,.0f} s (a "
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     if left_out:
         parser.error(f"--engine {args.engine} does not gate {', '.join(left_out)} "
                      f"(use --engine all, or leave them out)")
-    from .policies import PolicyError, probe_policy
+    from ..policies import PolicyError, probe_policy
 
     try:  # each named file loaded once in a child process first (exits, endless loads)
         for spec in [] if args.in_child else args.specs:
@@ -97,11 +97,11 @@ def _loader(engine):
 
 def _in_child(argv, args) -> int:
     """Run the tables in a child process; print what it printed; 0 only where it finished."""
-    from .sandbox.procs import OutputFlood, child_env, python_child, run_bounded
+    from ..sandbox.procs import OutputFlood, child_env, python_child, run_bounded
 
     specs = " ".join(args.specs)
     try:
-        code, text = run_bounded(python_child("dispatcher.verdicts", "--in-child", *argv),
+        code, text = run_bounded(python_child("dispatcher.commands.verdicts", "--in-child", *argv),
                                  child_env(specs.split()[0] if args.specs else ""),
                                  args.timeout, limit=16 << 20)
     except OutputFlood as exc:

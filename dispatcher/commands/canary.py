@@ -1,4 +1,4 @@
-"""What ships next, judged the day it ships: ``a2a-gate canary`` (``python -m dispatcher.canary``).
+"""What ships next, judged the day it ships: ``a2a-gate canary`` (``python -m dispatcher.commands.canary``).
 
 For each engine and for FlashInfer, asks the package index for the newest release. A release
 the gate pins is up to date. An engine's newer release is fetched (verified as any release is)
@@ -21,9 +21,9 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from .engines import ENGINES
-from .model.generations import GENERATIONS, UnknownGeneration, generation_of
-from .releases.wheels import ReleaseError
+from ..engines import ENGINES
+from ..model.generations import GENERATIONS, UnknownGeneration, generation_of
+from ..releases.wheels import ReleaseError
 
 __all__ = ["Row", "newest_on_index", "judge_engine", "judge_flashinfer", "canary", "main",
            "NOT_JUDGED"]
@@ -89,7 +89,7 @@ def judge_engine(spec: str, pytest_args: Sequence[str] = ("-n", "auto", "-q", "-
     engine = ENGINES[spec.partition(":")[0]]
     target = spec.partition(":")[2]
     try:
-        from .policies import describe_policy
+        from ..policies import describe_policy
 
         describe_policy(spec)  # fetched and verified, found; nothing of it run
         generation, why = runs_on(spec)
@@ -128,7 +128,7 @@ def canary(releases: Optional[List[str]] = None, newest: Optional[Callable[[str]
            judge: Optional[Callable[[str], Row]] = None) -> List[Row]:
     """One row per engine and FlashInfer: up to date, judged or not judged (``newest``: the
     index's newest release of a distribution; ``judge``: an engine release's row)."""
-    from .flashinfer.fetch import PINNED as FLASHINFER_PINNED
+    from ..flashinfer.fetch import PINNED as FLASHINFER_PINNED
 
     newest, judge = newest or newest_on_index, judge or judge_engine
 

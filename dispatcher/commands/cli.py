@@ -29,15 +29,15 @@ def run_suite(args: List[str]) -> int:
 
 
 def _replay(args: List[str]) -> int:
-    from .__main__ import main as replay
+    from ..__main__ import main as replay
 
     return replay(args)
 
 
 def _fetch(args: List[str]) -> int:
-    from .engines import ENGINES
-    from .flashinfer import fetch as flashinfer
-    from .releases.wheels import fetch_main
+    from ..engines import ENGINES
+    from ..flashinfer import fetch as flashinfer
+    from ..releases.wheels import fetch_main
 
     packages = {name: (e.package, lambda e=e: e.releases) for name, e in ENGINES.items()}
     packages["flashinfer"] = (lambda: flashinfer.PACKAGE, lambda: flashinfer.PINNED)
