@@ -72,7 +72,7 @@ def flashinfer_missing() -> str:
     try:
         kernels = generation_of(version or DEFAULT)
     except UnknownGeneration as exc:
-        return f"{exc}: the GPU tiers drive 0.7.2 and 0.7.4 (docs/flashinfer.md)"
+        return f"{exc}: the GPU tiers drive the kernels of those only (docs/flashinfer.md)"
     if active() != kernels:
         return (f"this session models {active()} ($A2A_GATE_FLASHINFER) but FlashInfer "
                 f"{version} is installed: the GPU tiers run the installed kernels")
