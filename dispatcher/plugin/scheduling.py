@@ -2,8 +2,8 @@
 with the groups that share a costly resource pinned to a worker known before the run
 (``dispatcher.gpu.warm.pinned_worker``), so that worker starts the resource in the background
 right after it collected, while the others start; no worker takes a group pinned to another,
-and one that has nothing left it may take is told so at once (an xdist worker holds its last
-test until it learns no more work is coming). A worker that crashed fails the test it was
+and one that has nothing left it may take is told so at once, also right after it was handed
+its last unit (an xdist worker holds its last test until it learns no more work is coming). A worker that crashed fails the test it was
 running (xdist's report) and its other work goes to a worker that is up; one started in its
 place gets work once it has collected."""
 from __future__ import annotations
@@ -73,6 +73,13 @@ class PinnedGroupScheduling(LoadGroupScheduling):
         if self._pending_of(self.assigned_work[node]) > 2:
             return
         self._assign_work_unit(node)
+        # A worker runs a test only once it holds the next one or is told to stop, and only a
+        # finished test brings it here again: it holds two, or is told now (a worker started in
+        # a crashed one's place, handed one unit of one test, waited for ever)
+        while self._next_scope(node) is not None and self._pending_of(self.assigned_work[node]) < 2:
+            self._assign_work_unit(node)
+        if self._next_scope(node) is None:
+            node.shutdown()
 
     def schedule(self) -> None:
         assert self.collection_is_completed

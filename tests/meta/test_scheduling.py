@@ -12,6 +12,8 @@ of assert rewriting)."""
 import re
 from collections import defaultdict
 
+import pytest
+
 from .. import CONFTEST
 
 TESTS = '''
@@ -69,6 +71,7 @@ def test_hypothesis_is_imported_plain_and_the_tests_rewritten():
 
 CRASHES = '''
 import os
+import time
 import pytest
 
 @pytest.mark.parametrize("i", range(6))
@@ -77,6 +80,7 @@ def test_free(i):
 
 @pytest.mark.xdist_group("search-0")
 def test_crashes_its_worker():
+    time.sleep(float(os.environ.get("A2A_TEST_CRASH_AFTER_S", "0")))
     os._exit(13)  # the worker process dies in the call (no core dump to wait for)
 
 @pytest.mark.xdist_group("search-0")
@@ -94,13 +98,18 @@ _faulthandler.dump_traceback_later(30, exit=False, file=_sys.stderr)
 '''
 
 
-def test_a_crashed_worker_fails_its_test_and_the_run_goes_on(pytester):
+@pytest.mark.parametrize("crash_after_s", [0, 2], ids=["at-once", "after-the-rest"])
+def test_a_crashed_worker_fails_its_test_and_the_run_goes_on(pytester, monkeypatch, crash_after_s):
     """A worker that dies in a test (a segfault in the call) fails that test with xdist's
-    "worker crashed" report; the scheduler gives its other work to a worker that is up, and
-    the run ends with exit 1, never an INTERNALERROR of the scheduler."""
-    # It takes ~3.5 s. Once in about ten whole-suite runs on a loaded 2-core machine it has
-    # hung until its timeout (cause not established): every process of that run then writes
-    # where each of its threads is, after 30 s, so the next hang says where it waits.
+    "worker crashed" report; the scheduler gives its other work to a worker that is up, or to
+    the one started in its place, and the run ends with exit 1, never an INTERNALERROR of the
+    scheduler and never a hang. ``after-the-rest``: the other worker has run everything and been
+    told to stop before the crash, so the crashed unit's last test goes to the replacement,
+    which must be told at once that nothing more comes (it hung, holding its last test, when the
+    replacement was handed the unit and never told: once in about ten whole-suite runs on a
+    loaded 2-core machine, every time here). Every process of the run dumps its threads' stacks
+    after 30 s, so a hang says where it waits."""
+    monkeypatch.setenv("A2A_TEST_CRASH_AFTER_S", str(crash_after_s))
     pytester.makeconftest(CONFTEST + HANG_DUMP)
     pytester.makepyfile(test_crash=CRASHES)
     result = pytester.runpytest_subprocess("-n", "2", "--dist=loadgroup", "-p", "no:cacheprovider",
