@@ -94,7 +94,7 @@ def main():
     worlds = draw(gpu_worlds(), a.examples)
 
     def one(world):
-        rt = gpu.run(world, [plan(ideal_rule, world.views)] * world.ep_size)
+        rt = gpu.run(world, [plan(ideal_rule, world.views, world.generation)] * world.ep_size)
         assert not rt.problems, rt.problems
     t = time.perf_counter()
     for w in worlds[:20]:  # warm-up: module load, workspaces, streams

@@ -12,6 +12,7 @@ stack, never a failing test of the engine: "exposed" (with the shrunk sequence) 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -20,11 +21,11 @@ from strategies.sequences import step_sequences
 
 from .model import properties
 from .model.engine import is_engine
-from .model.generations import active
+from .model.generations import active, generation_of
 from .model.sequences import exposes_cross_round, round_pairs
 from .model.world import World
 
-__all__ = ["COLUMN", "EXAMPLES", "ONE_FORMAT", "CrossRound", "search", "first_exposed",
+__all__ = ["COLUMN", "EXAMPLES", "ONE_FORMAT", "one_format", "CrossRound", "search", "first_exposed",
            "engine_worlds", "LEGEND"]
 
 COLUMN = "cross-round"
@@ -32,8 +33,16 @@ EXAMPLES = 300
 # one model's steps (one format) that a server runs (rows within the cap), none with fewer
 # tokens in a DP group than the first (a shrinking layout is safe), up to 4 EP ranks (the
 # condition does not depend on more) and 3 steps (two rounds, or two with a step between)
-ONE_FORMAT = step_sequences(max_ep=4, max_steps=3, formats_change=False, within_cap=True,
-                            growing=True)
+# (of the session's generation; ``one_format(version)``: of generation ``version``)
+
+
+@functools.lru_cache(maxsize=None)
+def one_format(flashinfer: Optional[str] = None):
+    return step_sequences(max_ep=4, max_steps=3, formats_change=False, within_cap=True,
+                          growing=True, flashinfer=flashinfer)
+
+
+ONE_FORMAT = one_format()
 LEGEND = ("`cross-round`: FlashInfer 0.7.2's cross-round race (a hazard of the stack: "
           "docs/flashinfer.md, \"Two rounds on one workspace\"), \"exposed\" where the release's "
           "runtimes let round n+1's receive planes reach round n's combine input, with the two "
@@ -70,14 +79,16 @@ def first_exposed(policy, examples) -> Optional[Tuple[World, ...]]:
     return first_in(examples, lambda seq: exposes_cross_round(policy, seq, engine_worlds(policy)))
 
 
-def search(policy, max_examples: int = EXAMPLES) -> CrossRound:
-    """The two rounds (shrunk) on which ``policy``'s runtimes let the session generation's
-    layout grow over the previous round's combine input, or "closed"."""
-    found = minimal(ONE_FORMAT, lambda seq: exposes_cross_round(policy, seq,
-                                                                engine_worlds(policy)),
-                    max_examples)
+def search(policy, max_examples: int = EXAMPLES, flashinfer: Optional[str] = None
+           ) -> CrossRound:
+    """The two rounds (shrunk) on which ``policy``'s runtimes let generation ``flashinfer``'s
+    layout (default: the session's) grow over the previous round's combine input, or
+    "closed"."""
+    found = minimal(one_format(flashinfer), lambda seq: exposes_cross_round(
+        policy, seq, engine_worlds(policy)), max_examples)
     if found is None:
-        return CrossRound(active().version, None)
+        return CrossRound(generation_of(flashinfer).version if flashinfer else active().version,
+                          None)
     worlds_of = engine_worlds(policy)
     pair = next(p for p in round_pairs(policy, found, worlds_of) if any(p.risk))
     (ra, rb), risk = pair.runtimes, pair.risk

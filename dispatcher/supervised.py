@@ -26,7 +26,6 @@ the tiers that drive an engine's code run unchanged.
 from __future__ import annotations
 
 import atexit
-import io
 import itertools
 import os
 import pickle
@@ -45,6 +44,7 @@ from .model.guard import CALL_TIMEOUT, CallTimedOut, GateInterrupt, guarded
 from .model.world import World
 from .policies import NAMED, PolicyError, runs_foreign_code, load_policy, load_timeout_s
 from .sandbox.procs import DROP_CWD, MAX_OUTPUT_BYTES, child_env, die_with_parent
+from .sandbox.wire import ForeignObject, _interned, _loads, _plain, _portable
 
 __all__ = ["load_supervised", "prestart", "SupervisedPolicy", "deadline_s", "PolicyProcessLost", "stop_all"]
 
@@ -64,60 +64,6 @@ class PolicyProcessLost(BaseException):
     A ``BaseException``, as a ``KeyboardInterrupt`` is: Hypothesis does not shrink it (each
     replay would start a fresh process and wait out the deadline again), so the test fails at
     once with the world it was on and its replay line."""
-
-
-# ---------------------------------------------------------------------------------------------
-# What may cross the pipe: the gate's classes, builtins, torch (tensors, dtypes) and the few
-# standard modules their pickles name. Anything else is the policy's own object.
-
-_SAFE_MODULES = ("dispatcher", "strategies", "builtins", "torch", "collections", "copyreg", "pathlib",
-                 "_codecs", "numpy", "functools", "datetime", "fractions", "decimal",
-                 "hypothesis.errors")
-
-
-def _safe(module: str) -> bool:
-    return any(module == m or module.startswith(m + ".") for m in _SAFE_MODULES)
-
-
-class ForeignObject(pickle.UnpicklingError):
-    def __init__(self, module: str, name: str):
-        super().__init__(f"an object of class {module}.{name}, which is not the gate's")
-        self.module, self.name = module, name
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if not _safe(module) or (module == "builtins" and name in ("eval", "exec", "compile",
-                                                                   "open", "__import__",
-                                                                   "getattr", "setattr")):
-            raise ForeignObject(module, name)
-        return super().find_class(module, name)
-
-
-def _loads(data: bytes):
-    return _Unpickler(io.BytesIO(data)).load()
-
-
-class ForeignError(properties.RuleCrashed):
-    """An exception of a class that is not the gate's (or that does not survive pickling),
-    raised by the policy in its process: its type and text, carried as a crash."""
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` if the parent can rebuild it with the gate's unpickler, else a ``ForeignError``
-    with its type and text."""
-    kind = type(exc)
-    if _safe(kind.__module__):
-        try:
-            again = _loads(pickle.dumps(exc))
-            if type(again) is kind:
-                return again
-        except Exception:  # noqa: BLE001 - an exception whose pickle does not rebuild it
-            pass
-    from .model.show import text
-
-    return ForeignError(f"[rule crashed] the policy raised {kind.__module__}.{kind.__qualname__}"
-                        f": {text(exc)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,41 +112,11 @@ def _serve(fd_in: int, fd_out: int, spec: str) -> None:
         tx.send_bytes(data)
 
 
-_PLAIN = (int, str, bool, float, type(None))
-
-
-def _plain(value) -> bool:
-    """Whether ``value`` is made of builtins only (no need to check the parent takes it)."""
-    if type(value) in _PLAIN:
-        return True
-    if type(value) in (tuple, list, properties.RuleValues):
-        return all(type(v) in _PLAIN for v in value)
-    return False
-
-
 def _as_verdict(exc: BaseException) -> BaseException:
     if isinstance(exc, GateInterrupt):  # os._exit or a fork inside an engine method
         return properties.RuleCrashed(f"[rule crashed] {exc}: the gate kept the process (an "
                                       f"exit from a policy never passes for a verdict)")
     return exc
-
-
-_WORLDS: dict = {}
-
-
-def _interned(value):
-    """``value`` with each World replaced by the first equal one this child saw: what the
-    policy's code and the World cache per object (views, an engine's mapped world) is
-    computed once per world, as in one process, not once per request."""
-    if isinstance(value, World):
-        try:
-            return _WORLDS.setdefault(value, value)
-        finally:
-            if len(_WORLDS) > 4096:
-                _WORLDS.clear()
-    if type(value) is tuple:
-        return tuple(_interned(v) for v in value)
-    return value
 
 
 def _answer(policy, bound: dict, op: str, args: tuple):

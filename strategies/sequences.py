@@ -26,16 +26,19 @@ MAX_STEPS = 6
 @st.composite
 def step_sequences(draw, max_ep: int = 8, max_steps: int = MAX_STEPS, max_tokens: int = 1024,
                    hidden_sizes=(128, 1024, 7168), formats_change: bool = True, ep_sizes=None,
-                   within_cap: bool = False, growing: bool = False, top_ks=None):
+                   within_cap: bool = False, growing: bool = False, top_ks=None,
+                   flashinfer=None):
     """A tuple of 2..``max_steps`` worlds sharing ``ep_size``, ``dp_size``, ``max_num_tokens``
     and the MoE layer's shape (hidden size, top_k, experts); the first is any world.
     ``formats_change=False``: every step dispatches the first step's format (what a model of
     one format runs: only the sizing changes the layout). ``within_cap``: every step's rows fit
     the cap (the steps a server runs without crashing: the hazard search's). ``growing``: each
-    later step adds its drawn counts to the first step's (a search for layouts that grow)."""
+    later step adds its drawn counts to the first step's (a search for layouts that grow).
+    ``flashinfer``: the steps' generation (default: the session's)."""
     first = draw(worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens,
                         moe=lambda ep: moe_configs(ep, hidden_sizes=hidden_sizes, top_ks=top_ks,
-                                                   max_experts_per_rank=2)))
+                                                   max_experts_per_rank=2, flashinfer=flashinfer),
+                        flashinfer=flashinfer))
     moe = first.moe
     formats = tuple(f.value for f in PayloadFormat if moe.hidden_size % HIDDEN_MULTIPLE[f] == 0)
     if not formats_change:

@@ -27,18 +27,20 @@ EP_SIZES = (2, 3, 4, 6, 8)  # every rank runs vLLM's prepare() per example: keep
 
 
 @functools.lru_cache(maxsize=None)
-def _worlds(dp_attention):
-    return worlds(ep_sizes=EP_SIZES, dp_attention=dp_attention).map(as_vllm_world)
+def _worlds(dp_attention, flashinfer):
+    return worlds(ep_sizes=EP_SIZES, dp_attention=dp_attention,
+                  flashinfer=flashinfer).map(as_vllm_world)
 
 
 @st.composite
-def vllm_worlds(draw, regime: str = "any"):
-    """A world vLLM produces, in ``regime`` (one of VLLM_REGIMES)."""
+def vllm_worlds(draw, regime: str = "any", flashinfer=None):
+    """A world vLLM produces, in ``regime`` (one of VLLM_REGIMES), of FlashInfer generation
+    ``flashinfer`` (default: the session's)."""
     if regime == "any":
-        return draw(_worlds(None))
+        return draw(_worlds(None, flashinfer))
     if regime == "pcp":
-        return draw(_worlds(False))
-    world = draw(_worlds(True))
+        return draw(_worlds(False, flashinfer))
+    world = draw(_worlds(True, flashinfer))
     if regime == "sequence-parallel":
         assume(world.attn_tp_size > 1)
     elif regime == "dp-only":

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from dispatcher.model.generations import active
+from dispatcher.model.generations import active, generation_of
 from dispatcher.model.payloads import HIDDEN_MULTIPLE, PayloadFormat
 from dispatcher.model.world import DP_GLOBAL_KINDS, ROUTINGS, MoeConfig, World
 from dispatcher.sizing import ceil_align
@@ -157,14 +157,16 @@ def caps(draw, payload_rows: int, pre_scatter: int, placement: Optional[str] = N
 def moe_configs(draw, ep_size: int, hidden_sizes: Sequence[int] = (128, 1024, 2048, 4096, 7168),
                 top_ks: Optional[Sequence[int]] = None, max_experts_per_rank: int = 8,
                 payloads: Sequence[str] = ("bf16", "nvfp4", "mxfp8"),
-                num_experts: Optional[int] = None):
-    """MoE shapes: supported top_k, num_experts >= max(ep_size, top_k) and not always a
-    multiple of ep_size (unless ``num_experts`` fixes it), every dispatch payload format,
-    uniform or one-hot-rank routing."""
+                num_experts: Optional[int] = None, flashinfer: Optional[str] = None):
+    """MoE shapes: a top_k FlashInfer ``flashinfer`` supports (default: the session's
+    generation), num_experts >= max(ep_size, top_k) and not always a multiple of ep_size
+    (unless ``num_experts`` fixes it), every dispatch payload format, uniform or one-hot-rank
+    routing."""
     payload = draw(_choice(tuple(payloads)))
     multiple = HIDDEN_MULTIPLE[PayloadFormat(payload)]
     hidden = draw(_choice(tuple(h for h in hidden_sizes if h % multiple == 0)))
-    top_k = draw(_choice(tuple(top_ks or active().supported_top_k)))  # the session's FlashInfer
+    generation = generation_of(flashinfer) if flashinfer else active()  # default: the session's
+    top_k = draw(_choice(tuple(top_ks or generation.supported_top_k)))
     if num_experts is None:
         per_rank = draw(st.integers(1, max_experts_per_rank))
         extra = draw(st.integers(0, ep_size - 1)) if ep_size > 1 else 0
@@ -180,12 +182,14 @@ def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
            max_tokens: int = 16384, fitting_only: bool = False,
            moe: Optional[Callable[[int], st.SearchStrategy]] = None,
            cap_values: Optional[Sequence[int]] = None, dp_attention: Optional[bool] = None,
-           shape: Optional[str] = None, cap_placement: Optional[str] = None):
+           shape: Optional[str] = None, cap_placement: Optional[str] = None,
+           flashinfer: Optional[str] = None):
     """Whole worlds. ``moe(ep_size)`` gives the MoE strategy (default: the default MoE,
     which the sizing properties do not depend on). ``cap_values`` restricts the cap to a few
     values at least the payload (the multi-GPU tier reuses one workspace per cap);
     ``dp_attention``, ``shape`` (one of SHAPES) and ``cap_placement`` (one of
-    CAP_PLACEMENTS) pin those choices for a regime."""
+    CAP_PLACEMENTS) pin those choices for a regime. ``flashinfer``: the worlds' generation
+    (default: the session's); ``moe`` draws for it too where it is this module's."""
     ep, dp = _draw_topology(draw, max_ep, ep_sizes, dp_attention)
     attn_tp = ep // dp
     # an unrecorded dp_global (None / []) is for groups that all run the same batch
@@ -206,20 +210,26 @@ def worlds(draw, max_ep: int = 64, ep_sizes: Optional[Sequence[int]] = None,
         cap = _draw_cap(draw, rows, max(padded), cap_placement, fitting_only)
     moe_cfg = draw(moe(ep)) if moe is not None else MoeConfig()
     return World(ep_size=ep, dp_size=dp, group_tokens=tokens, max_num_tokens=cap,
-                 dp_global_kind=kind, max_len_padding=max_len, moe=moe_cfg)
+                 dp_global_kind=kind, max_len_padding=max_len, moe=moe_cfg,
+                 **({"flashinfer": flashinfer} if flashinfer else {}))
 
 
 def a2a_worlds(max_ep: int = 8, max_tokens: int = 48, ep_sizes: Optional[Sequence[int]] = None,
                hidden_sizes: Sequence[int] = (32, 64, 128), top_ks: Sequence[int] = (1, 2, 4, 6, 8),
-               cap_values: Optional[Sequence[int]] = None, emulated: bool = True):
+               cap_values: Optional[Sequence[int]] = None, emulated: bool = True,
+               flashinfer: Optional[str] = None):
     """Worlds small enough to run through the emulated (or real) A2A every example: the
     payload always fits the cap, every MoE shape and payload format occurs. ``emulated``:
     only worlds the exact CPU model materialises within its limit on every generation (a
-    large cap on 0.7.4 puts the combine region far out)."""
+    large cap on 0.7.4 puts the combine region far out). ``flashinfer``: their generation
+    (default: the session's; the top-k it does not support are not drawn)."""
+    if flashinfer:
+        supported = generation_of(flashinfer).supported_top_k
+        top_ks = tuple(k for k in top_ks if k in supported)
     drawn = worlds(max_ep=max_ep, ep_sizes=ep_sizes, max_tokens=max_tokens, fitting_only=True,
                    moe=lambda ep: moe_configs(ep, hidden_sizes=hidden_sizes, top_ks=top_ks,
-                                              max_experts_per_rank=4),
-                   cap_values=cap_values)
+                                              max_experts_per_rank=4, flashinfer=flashinfer),
+                   cap_values=cap_values, flashinfer=flashinfer)
     return drawn.filter(emulable) if emulated else drawn
 
 

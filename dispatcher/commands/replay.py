@@ -81,7 +81,7 @@ def replay(world_text: str, spec: str, context_text: str = "") -> int:
             failed += 1
             print(f"  {prop:15s} VIOLATED: {str(exc).splitlines()[0]}")
     try:
-        runtime = validate(values, world.views)
+        runtime = validate(values, world.views, world.generation)
     except A2ASizingError as exc:
         print(f"dispatcher refuses: {type(exc).__name__}: {exc}")
         return VIOLATED if failed or world.payload_fits_cap else OK
@@ -95,12 +95,16 @@ def replay(world_text: str, spec: str, context_text: str = "") -> int:
     return VIOLATED if failed else OK
 
 
+def _world_of(step):
+    """A step of a sequence: a world, or SGLang's (world, context)."""
+    return step[0] if isinstance(step, tuple) else step
+
+
 def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
     """A sequence of steps on one workspace, in order through one policy object: what a
     failing sequence test printed. Every step is held to every property (an SGLang sequence
     of (world, context) steps: to every bug class too); the cross-round rows at risk between
     consecutive A2A rounds are shown."""
-    from ..model.generations import active
     from ..model.sequences import check_sequence
 
     try:
@@ -136,7 +140,7 @@ def replay_sequence(text: str, spec: str, context_text: str = "") -> int:
     for n, risk in enumerate(hazards, 1):
         if risk is not None:
             print(f"  steps {n} -> {n + 1}: cross-round rows at risk per reader rank "
-                  f"{list(risk)} on FlashInfer {active().version}")
+                  f"{list(risk)} on FlashInfer {_world_of(steps[n]).flashinfer}")
     return OK
 
 

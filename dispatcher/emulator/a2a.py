@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..model.generations import Generation, active
+from ..model.generations import Generation
 from ..model.payloads import INT32, Layout, PayloadSpec
 from ..model.one_sided import round_parity
 from .inputs import (RankInputs, from_bf16_bits, to_bf16_bits)
@@ -113,12 +113,12 @@ class A2AModel:
     ``stage``, ``read``) to run rounds back to back in an order the protocol allows."""
 
     def __init__(self, ep_size: int, max_num_tokens: int, payloads: Sequence[PayloadSpec],
-                 combine_bytes: int, generation: Optional[Generation] = None):
+                 combine_bytes: int, generation: Generation):
         self.ep_size = ep_size
         self.max_num_tokens = max_num_tokens
         self.payloads = tuple(payloads)
         self.combine_bytes = combine_bytes
-        self.generation = gen = generation or active()
+        self.generation = gen = generation
         self.size_per_rank = gen.workspace_size(ep_size, max_num_tokens, self.payloads,
                                                 combine_bytes)
         self.aux_end = gen.aux_end(ep_size, max_num_tokens, self.payloads, combine_bytes)

@@ -14,6 +14,7 @@ import numpy as np
 
 from .a2a import A2AModel
 from .inputs import RankInputs
+from ..model.generations import in_force
 from ..model.payloads import PayloadSpec
 from ..model.world import owners_of
 
@@ -71,7 +72,8 @@ class EmulatedMoeAlltoAll:
         specs = [PayloadSpec(f"payload{q}", r.shape[1], p.element_size())
                  for q, (r, p) in enumerate(zip(rows, input_payloads))]
         combine_bytes = 2 * input_payloads[0].shape[-1]  # bf16 out, as many as the bf16 rows in
-        self._model = A2AModel(self.ep_size, self.max_num_tokens, specs, combine_bytes)
+        self._model = A2AModel(self.ep_size, self.max_num_tokens, specs, combine_bytes,
+                               in_force())  # the generation of the world this step runs
         inputs = [RankInputs(None, i, None, tuple(r), owners_of(i, self.num_experts, self.ep_size))
                   for i, r, _ in every]
         views, counts = self._model.dispatch(self._runtimes, inputs)

@@ -42,7 +42,7 @@ def run_sequence_on_rank(state, rank: int, ep_size: int, max_dispatch_bytes: int
     agreed = agree(state, mine, zlib.crc32(repr(tuple(worlds)).encode()))
     values = [[agreed[r][n] for r in range(ep_size)] for n in range(len(worlds))]
     for world, vals in zip(worlds, values):
-        validate(vals, world.views)  # the same verdict on every rank, before any kernel
+        validate(vals, world.views, world.generation)  # the same verdict on every rank, before any kernel
     runtimes = [require_int(vals[rank]) for vals in values]
     if state["emulated"]:
         return _emulated(state, rank, worlds, values)

@@ -69,7 +69,7 @@ def kernel_world(ops, state, rank, ep_size, max_dispatch_bytes, max_combine_byte
         ops.poison(a2as[key], rank, state)  # an example only when every rank has finished the
     values = agree(state, mine, zlib.crc32(repr(world).encode()) << 1 | known)  # last
     if bypass is False:
-        validate(values, world.views)  # the same verdict on every rank
+        validate(values, world.views, world.generation)  # the same verdict on every rank
     runtime = require_int(values[rank])
     if not known:  # collective: every rank reaches here for the same key
         a2as[key] = ops.build(state, rank, ep_size, world, max_dispatch_bytes, max_combine_bytes)
@@ -175,7 +175,7 @@ def _run_emulated_example(state, rank, ep_size, world, spec, bypass) -> List[str
     mine = rank_value(state, rank, world, spec, bypass)
     values = agree(state, mine, zlib.crc32(repr(world).encode()))
     if bypass is False:
-        validate(values, world.views)
+        validate(values, world.views, world.generation)
     runtimes = [require_int(v) for v in values]
     cap = world.max_num_tokens  # what FlashInfer 0.7.2 itself checks, as it checks it:
     if runtimes[rank] <= 0:  # the C++ op

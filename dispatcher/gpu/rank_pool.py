@@ -41,6 +41,9 @@ from multiprocessing.reduction import ForkingPickler
 from ..model.generations import DEFAULT, generation_of, installed_version, using
 from . import env
 from ..sandbox.procs import alive
+from .pool_errors import (PoolStartFailed, RankCrashed, RankPoolError,  # noqa: F401 - re-exported
+                          RankTimeout, RemoteEngineError, RemoteError, RemoteKernelFault,
+                          RemoteMismatch, RemoteRefused, RemoteSizingError, _is_cuda_fault)
 from .rank_examples import AgreementAborted, KernelRefused, one_world
 
 __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",
@@ -49,56 +52,6 @@ __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankT
 
 GRACE_S = 5.0  # once one rank has failed, how long the others get to answer
 PROFILE_ENV = "A2A_GATE_PROFILE_RANKS"  # a directory: each rank writes its cProfile there
-
-
-class RankPoolError(AssertionError):
-    """Base for failures reported by the pool."""
-
-
-class PoolStartFailed(RankPoolError):
-    """The ranks could not start (bad environment, NCCL, FlashInfer); not retried."""
-
-
-class RankCrashed(RankPoolError):
-    pass
-
-
-class RankTimeout(RankPoolError):
-    pass
-
-
-class RemoteMismatch(RankPoolError):
-    """The real kernels returned something other than the reference."""
-
-
-class RemoteSizingError(RankPoolError):
-    """The ranks' agreed validation refused the runtime (no kernel was launched)."""
-
-
-class RemoteRefused(RankPoolError):
-    """FlashInfer 0.7.4's dispatch op refused a rank's call (its own rows exceed its runtime);
-    the ranks it accepted would wait on it until ``timeout_sec`` and trap. The pool reports it
-    with the world and keeps every rank in step (none is left spinning)."""
-
-
-class RemoteKernelFault(RankPoolError):
-    """A CUDA error on a rank: its context is dead; the pool is rebuilt."""
-
-
-class RemoteEngineError(RankPoolError):
-    """The engine's own code (SGLang's dispatch()) raised on every rank before any kernel
-    launched: the ranks are still in step, the pool is kept."""
-
-
-class RemoteError(RankPoolError):
-    """A Python exception on a rank (e.g. a FlashInfer argument check). The pool is kept when
-    every rank answered (each rank waits for its own kernels first, so none is left in one);
-    rebuilt when a rank did not answer: it may wait in a collective the failed rank never
-    reached."""
-
-
-def _is_cuda_fault(exc: BaseException, text: str) -> bool:
-    return type(exc).__name__ == "AcceleratorError" or "CUDA error" in text or "illegal" in text
 
 
 # What the forkserver imports once, before any rank is forked from it (nothing here touches

@@ -6,14 +6,19 @@ the NVLink one-sided rewrite behind ``flashinfer.moe_ep.NVLinkOneSidedAlltoAll``
 (``one_sided.py``; ``gpu/one_sided.py``). ``GENERATIONS`` is the one table of what differs
 between them: no code outside this module names a version or compares kernels.
 
-A session runs one generation: ``--flashinfer=0.7.2|0.7.4``, else the installed FlashInfer,
-else 0.7.2. A ``World`` carries its generation (``World.flashinfer``, bound when it is made);
-``$A2A_GATE_FLASHINFER`` only carries the session's choice to xdist workers and rank
-processes, so every process of a run models the same kernels.
+A session's default is one generation: ``--flashinfer=0.7.2|0.7.4``, else the installed
+FlashInfer, else 0.7.2 (``active()``, read only where a default is chosen: the plugin's
+option, ``World``'s default, the strategies' top-k, a load probe). A ``World`` carries its
+generation (``World.flashinfer``, bound when it is made), and everything that runs a world
+takes that one: the emulator, the checks' words, the engines, which enter the world's
+generation for each step (``modelling``) so that their FlashInfer stand-ins answer with its
+API (``in_force``). ``$A2A_GATE_FLASHINFER`` only carries the session's default to xdist
+workers and rank processes.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 from dataclasses import dataclass
@@ -23,7 +28,8 @@ from . import mnnvl, one_sided
 from .payloads import Layout, PayloadSpec
 
 __all__ = ["Generation", "GENERATIONS", "ENV", "DEFAULT", "PINNED_RELEASES_GENERATION", "active",
-           "generation_of", "installed_version", "UnknownGeneration", "replay_flag", "using"]
+           "generation_of", "installed_version", "UnknownGeneration", "replay_flag", "using",
+           "modelling", "in_force"]
 
 ENV = "A2A_GATE_FLASHINFER"
 DEFAULT = "0.7.2"
@@ -156,10 +162,37 @@ def _resolve(version: str) -> Generation:
     return generation_of(version)
 
 
-def replay_flag() -> str:
-    """`` --flashinfer=X`` for a replay line when the session models another generation than
-    the default (so the line reproduces the failure on any machine)."""
-    version = active().version
+_IN_FORCE: "contextvars.ContextVar[Optional[Generation]]" = contextvars.ContextVar(
+    "a2a_gate_step_generation", default=None)
+
+
+@contextlib.contextmanager
+def modelling(version: str):
+    """Run engine code for generation ``version`` inside the block: an engine's sandbox enters
+    the generation of the world whose step it runs (``world.flashinfer``), or the one a file is
+    executed against, so the FlashInfer stand-ins the engine calls answer with that API."""
+    generation = _resolve(version)
+    token = _IN_FORCE.set(generation)
+    try:
+        yield generation
+    finally:
+        _IN_FORCE.reset(token)
+
+
+def in_force() -> Generation:
+    """The generation of the step an engine runs now (``modelling``). Engine code runs only
+    inside its sandbox, which always enters one: asked outside it, this is the gate's bug."""
+    generation = _IN_FORCE.get()
+    if generation is None:
+        raise LookupError("no engine step is running: FlashInfer's stand-ins answer only "
+                          "inside an engine's sandbox, which enters the world's generation")
+    return generation
+
+
+def replay_flag(version: str) -> str:
+    """`` --flashinfer=X`` for a replay line of a world of generation ``version`` when that is
+    not the default (so the line reproduces the failure on any machine)."""
+    version = _resolve(version).version
     return "" if version == DEFAULT else f" --flashinfer={version}"
 
 

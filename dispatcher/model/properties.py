@@ -256,7 +256,7 @@ def explain(world: World, values: Sequence, name: str = "the rule") -> str:
     return (f"world:\n{world.describe()}\n"
             f"  {name} returned per EP rank: {listed}   ideal: {world.ideal_runtime}\n"
             + (f"{notes}\n" if notes else "")
-            + f"replay: python -m dispatcher{replay_flag()} --policy {shlex.quote(name)}{extra} "
+            + f"replay: python -m dispatcher{replay_flag(world.flashinfer)} --policy {shlex.quote(name)}{extra} "
               f"\"{world!r}\"")
 
 

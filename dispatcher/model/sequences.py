@@ -94,7 +94,7 @@ def _rounds(policy, seq: Sequence[World], name: str, engine_worlds, hold: bool) 
                 properties.check_all(world, values, name)
             except properties.PropertyViolation as exc:
                 exc.add_note(f"at step {n + 1} of {len(seq)} on one workspace")
-                exc.add_note(f"replay the sequence: python -m dispatcher{replay_flag()} "
+                exc.add_note(f"replay the sequence: python -m dispatcher{replay_flag(world.flashinfer)} "
                              f"--policy {shlex.quote(name)} \"{tuple(seq)!r}\"")
                 raise
         elif not (len(set(values)) == 1 and type(values[0]) is int and values[0] >= 1):

@@ -6,10 +6,13 @@ exception with an actionable message, never a silent overwrite in FlashInfer.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..sizing import Policy, RankView
 from .show import shown
+
+if TYPE_CHECKING:
+    from .generations import Generation
 
 __all__ = ["CAP_ENV", "A2ASizingError", "NotAnInteger", "RuntimeDisagreement",
            "NonPositiveRuntime", "CapExceeded", "PayloadExceedsRuntime", "require_int",
@@ -57,9 +60,10 @@ def require_int(value) -> int:
     return value
 
 
-def validate(values: Sequence[int], views: Sequence[RankView]) -> int:
+def validate(values: Sequence[int], views: Sequence[RankView], generation: "Generation") -> int:
     """Check every rank's value against every rank's payload, before anything is launched;
-    return the runtime all ranks agreed on."""
+    return the runtime all ranks agreed on. ``generation``: the world's FlashInfer generation
+    (what it does with a runtime below a rank's rows, in the error's words)."""
     rows = tuple(v.local_tokens for v in views)
     cap = views[0].max_num_tokens
     distinct = sorted(set(values), key=shown)  # foreign values: shown, never repr'd raw
@@ -91,24 +95,22 @@ def validate(values: Sequence[int], views: Sequence[RankView]) -> int:
     if short:
         raise PayloadExceedsRuntime(
             f"runtime_max_tokens_per_rank={shown(runtime)} is smaller than the payload rows "
-            f"(x.shape[0]) of ranks {_ranks(short)} (largest {biggest}); {_undersized_effect()} "
+            f"(x.shape[0]) of ranks {_ranks(short)} (largest {biggest}); {_undersized_effect(generation)} "
             f"Size from post-scatter rows: ceil(max(dp_global) / attn_tp_size).")
     return runtime
 
 
-def _undersized_effect() -> str:
-    """What the FlashInfer generation under test does with a runtime below a rank's rows."""
-    from .generations import active
-
-    if active().checks_local_rows:
-        return (f"{active()} would refuse those ranks while their peers wait for them until "
+def _undersized_effect(generation: "Generation") -> str:
+    """What FlashInfer ``generation`` does with a runtime below a rank's rows."""
+    if generation.checks_local_rows:
+        return (f"{generation} would refuse those ranks while their peers wait for them until "
                 f"timeout_sec and trap.")
     return "FlashInfer would silently write past those ranks' slots."
 
 
-def plan(policy: Policy, views: Sequence[RankView]) -> int:
-    """Run ``policy`` on every rank's view and validate the result."""
-    return validate([policy(v) for v in views], views)
+def plan(policy: Policy, views: Sequence[RankView], generation: "Generation") -> int:
+    """Run ``policy`` on every rank's view and validate the result (``validate``)."""
+    return validate([policy(v) for v in views], views, generation)
 
 
 def _ratio(runtime: int, rows: int) -> str:

@@ -32,6 +32,7 @@ from dispatcher.model import properties  # noqa: E402
 from dispatcher.model.guard import CALL_TIMEOUT  # noqa: E402
 from dispatcher.plugin.exit_status import (_OPEN_CONFIGS, _OUTER_PROFILE,  # noqa: E402,F401
                                     pytest_sessionfinish, pytest_unconfigure)
+from dispatcher.plugin.generation import choose_generation, flashinfer_version  # noqa: E402
 from dispatcher.plugin.fixtures import (_engine_generation, engine_under_test,  # noqa: E402,F401
                                         load_release, pinned_releases, policy, policy_spec)
 from dispatcher.policies import (DEFAULT_POLICY, PolicyError, describe_policy,  # noqa: E402
@@ -140,7 +141,7 @@ def pytest_configure(config):
         CALL_TIMEOUT.set(config.getoption("--rule-timeout-s"))
     except ValueError as exc:
         raise pytest.UsageError(f"--rule-timeout-s: {exc}") from None
-    _choose_generation(config.getoption("--flashinfer"), config.getoption("--policy"))
+    choose_generation(config.getoption("--flashinfer"), config.getoption("--policy"))
     if config.getoption("--newest-companions"):
         from dispatcher.releases.companions import NEWEST_ENV
         os.environ[NEWEST_ENV] = "1"  # workers and rank processes inherit it
@@ -264,57 +265,6 @@ def pytest_runtestloop(session):
         probe.verdict()
 
 
-def _judged_on(spec: str):
-    """The generation a pinned engine release named by version in ``spec`` is judged on
-    (``Engine.judged_on``: the one whose API it calls), else None."""
-    from dispatcher.engines import engine_of_spec
-
-    engine = engine_of_spec(spec)
-    version = spec.partition(":")[2].partition("@")[0]
-    if engine is None or version not in engine.releases:
-        return None
-    return engine.judged_on(version)
-
-
-def _choose_generation(asked, spec: str = DEFAULT_POLICY) -> None:
-    """Set the session's FlashInfer generation (``$A2A_GATE_FLASHINFER``, which xdist workers
-    and rank processes inherit). The installed FlashInfer is what the GPU tiers run: asking
-    for another generation beside it is a usage error, never a silent mix. With no FlashInfer
-    installed and none asked for, a pinned engine release runs on the generation whose API it
-    calls (``--policy=vllm:0.34.0``: 0.7.4)."""
-    from dispatcher.model import generations
-
-    installed = generations.installed_version()
-    if asked is not None and not asked.strip():
-        raise pytest.UsageError(f"--flashinfer= names no version: give one of "
-                                f"{', '.join(generations.RELEASES)}, or leave the option out")
-    # No option: a generation set by an enclosing gate session (the pinned SGLang and vLLM
-    # histories run their nested sessions on 0.7.2), else the installed one, else 0.7.2. A
-    # model other than the installed kernels then keeps the GPU tiers out (dispatcher/gpu/env.py).
-    inherited = os.environ.get(generations.ENV) if asked is None else None
-    for where, value in ((f"--flashinfer={asked}", asked),
-                         (f"${generations.ENV}={inherited}", inherited),
-                         (f"the installed FlashInfer {installed}", installed),
-                         (f"the generation {spec} calls", _judged_on(spec))):
-        if value:
-            try:
-                chosen = generations.generation_of(value)
-            except generations.UnknownGeneration as exc:
-                raise pytest.UsageError(f"{where}: {exc}") from None
-            break
-    else:
-        chosen = generations.generation_of(generations.DEFAULT)
-    try:
-        installed_gen = generations.generation_of(installed) if installed else None
-    except generations.UnknownGeneration:
-        installed_gen = None  # modelled as chosen; the GPU tiers say the installed one is unknown
-    if asked and installed_gen is not None and installed_gen != chosen:
-        raise pytest.UsageError(
-            f"--flashinfer={asked} but FlashInfer {installed} is installed: the GPU tiers "
-            f"run the installed kernels; install flashinfer-python=={asked} or drop the option")
-    os.environ[generations.ENV] = chosen.version
-
-
 def pytest_report_header(config):
     line = f"a2a-sizing-gate: policy {config.getoption('--policy')}"
     line += config.stash.get(_DESCRIBED, "")
@@ -327,21 +277,9 @@ def pytest_report_header(config):
     if profile == "repro":
         line += (f"\n  the repro profile replays the failures of this policy saved in "
                  f"{getattr(settings().database, 'path', 'none')} (nothing is searched)")
-    return [line, f"hypothesis profile: {profile}; FlashInfer: {_flashinfer_version()} "
+    return [line, f"hypothesis profile: {profile}; FlashInfer: {flashinfer_version()} "
                   f"(modelled: {active().version}); "
                   f"GPU tiers: {flashinfer_missing() or 'available'}"]
-
-
-def _flashinfer_version() -> str:
-    """The installed FlashInfer's version (its metadata: nothing is imported)."""
-    from importlib import metadata
-
-    for dist in ("flashinfer-python", "flashinfer"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "not installed"
 
 
 # --- hardware: count GPUs without initialising CUDA in the parent --------------------------

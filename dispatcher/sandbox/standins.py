@@ -33,21 +33,23 @@ MODULE_TABLE = threading.RLock()
 
 def reentrant(patches):
     """An engine's sandbox, entered once however deeply its uses nest: ``patches(*args)`` (a
-    context manager putting the stand-ins in place) runs at the outermost level only, so a
-    step enters it once for all its ranks and each rank's call costs one check."""
-    depth = [0]
+    context manager putting the stand-ins in place) runs again only where a level asks for
+    other stand-ins than the one around it (another FlashInfer generation), so a step enters
+    it once for all its ranks and each rank's call costs one check."""
+    entered: list = []  # the arguments of each level that put stand-ins in place
 
     @contextmanager
     def sandbox(*args, **kwargs):
-        if depth[0]:
+        key = (args, tuple(sorted(kwargs.items())))
+        if entered and entered[-1] == key:
             yield
             return
         with MODULE_TABLE, patches(*args, **kwargs):
-            depth[0] += 1
+            entered.append(key)
             try:
                 yield
             finally:
-                depth[0] -= 1
+                entered.pop()
     return sandbox
 
 
@@ -208,12 +210,13 @@ def build_modules(table: Mapping[str, Mapping[str, object]], adapter: str, versi
 
 
 def flashinfer_api():
-    """The API of the FlashInfer generation this session models (read from its source:
-    ``dispatcher/flashinfer/api.py``)."""
+    """The API of the FlashInfer generation of the step being run (the world's, entered by the
+    engine's sandbox: ``generations.modelling``), read from its source
+    (``dispatcher/flashinfer/api.py``)."""
     from ..flashinfer.api import api
-    from ..model.generations import active
+    from ..model.generations import in_force
 
-    return api(active().version)
+    return api(in_force().version)
 
 
 def quantized_zeros(x, fmt: PayloadFormat):

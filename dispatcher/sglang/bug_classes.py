@@ -55,7 +55,7 @@ def describe_step(release: SGLangRelease, world: World, ctx: SGLangContext,
     return (f"world:\n{world.describe()}\n  context: {ctx!r}\n"
             f"  what SGLang {release.label} saw and did:\n{describe_outcomes(outs, world)}\n"
             f"{describe_sources(release)}\n"
-            f"replay: python -m dispatcher{replay_flag()}"
+            f"replay: python -m dispatcher{replay_flag(world.flashinfer)}"
             f"{release.companions.replay_flag if release.companions else ''} --policy {shlex.quote(release.spec)} "
             f"--context \"{ctx!r}\" \"{world!r}\"")
 

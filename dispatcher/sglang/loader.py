@@ -10,7 +10,6 @@ every rank's dispatch() sees the whole world (MoE shapes included), never a rebu
 """
 from __future__ import annotations
 
-import functools
 from collections import OrderedDict
 import inspect
 import sys
@@ -21,11 +20,10 @@ from pathlib import Path
 from typing import Dict, List, Optional
 from unittest import mock
 
-from ..model.generations import active
-from ..model.engine import EnginePolicy, EngineStep
+from ..model.generations import active, modelling
+from ..model.engine import EnginePolicy
 from ..model.guard import GateInterrupt
 from ..model.sglang_context import CAPTURE_SIZES, SGLangContext
-from ..model.validation import CapExceeded
 from ..model.world import World
 from ..sizing import NotApplicable, RankView
 from ..releases.companions import Companions, defines
@@ -37,6 +35,7 @@ from .forward import ReleaseCodeError
 from .report import (EMPTY_LIST, Outcome, SGLangAssertion,  # noqa: F401 - re-exported
                      describe_outcomes, describe_sources)
 from .scheduler import ServerConfig, load_scheduler
+from .bound_step import BoundStep
 from .standins import (Hooks, Launched, RoutedAround, StandardTopKOutput, _Group,
                        _State, current, mlp_tp_gather, stand_in_globals, stand_in_modules)
 
@@ -49,7 +48,7 @@ _FINDER = UnmodelledFinder("sglang")  # every sglang.* module the stand-ins do n
 
 @reentrant
 @contextmanager
-def _sandbox(flashinfer: str = "recorder", imports: tuple = ()):
+def _sandbox(flashinfer: str, version: str, imports: tuple = ()):
     """The stand-in modules, and torch's allocators sending "cuda" tensors to the CPU (old
     releases pre-allocate dummy tensors on "cuda" in __init__; their values are never read,
     and a recorder run must not initialise CUDA in every xdist worker of a GPU host).
@@ -57,8 +56,9 @@ def _sandbox(flashinfer: str = "recorder", imports: tuple = ()):
     the kernels over gloo, tensors on the CPU) or "real" (the GPU pool: FlashInfer is real,
     tensors stay on the GPU and SGLang's
     ``torch.cuda.device_count()`` (its MNNVL ``gpus_per_node``) is the world's ep_size, the
-    pool's one node. ``imports``: where the tree's files import SGLang's own code from
-    (``Companions.imports``), so its stand-ins answer there too."""
+    pool's one node. ``version``: the FlashInfer generation the code runs on (the world's: its
+    stand-ins and names, ``generations.modelling``). ``imports``: where the tree's files import
+    SGLang's own code from (``Companions.imports``), so its stand-ins answer there too."""
     import torch
 
     def to_cpu(fn):
@@ -69,7 +69,9 @@ def _sandbox(flashinfer: str = "recorder", imports: tuple = ()):
         return inner
 
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.dict(sys.modules, stand_in_modules(flashinfer, imports)))
+        stack.enter_context(modelling(version))
+        stack.enter_context(mock.patch.dict(sys.modules,
+                                            stand_in_modules(flashinfer, version, imports)))
         stack.enter_context(mock.patch.object(sys, "meta_path", sys.meta_path + [_FINDER]))
         if flashinfer != "real":  # the recorder never touches a GPU, even on a GPU host
             for name in ("empty", "full", "zeros", "ones"):
@@ -109,11 +111,9 @@ class SGLangRelease(EnginePolicy):
     def spec(self) -> str:
         return f"sglang:{self.label}"
 
-    @property
-    def module(self) -> types.ModuleType:
-        """The file as executed against the FlashInfer generation modelled now (its imports of
-        ``flashinfer.comm`` differ by generation), executed once per generation."""
-        version = active().version
+    def module(self, version: str) -> types.ModuleType:
+        """The file as executed against FlashInfer generation ``version`` (a world's: its
+        imports of ``flashinfer.comm`` differ by generation), executed once per generation."""
         if version not in self.loaded:
             self.loaded[version] = _exec(self.path, self.sha256, self.flashinfer, version,
                                          self._imports)
@@ -143,9 +143,8 @@ class SGLangRelease(EnginePolicy):
         raise TypeError(f"{self.spec} runs SGLang's dispatch() for a whole world: call "
                         f"bind(world)(view), as dispatcher.model.properties.rule_values does")
 
-    @functools.cached_property
-    def _takes_sp_prefill_arg(self) -> bool:
-        init = self.module.FlashinferDispatcher.__init__
+    def _takes_sp_prefill_arg(self, version: str) -> bool:
+        init = self.module(version).FlashinferDispatcher.__init__
         return "enable_sp_prefill_a2a" in inspect.signature(init).parameters
 
     def bind(self, world: World, ctx: SGLangContext = SGLangContext()) -> "BoundStep":
@@ -184,18 +183,18 @@ class SGLangRelease(EnginePolicy):
         moe = world.moe
         key = (world.ep_size, rank, moe.hidden_size, moe.top_k, moe.num_experts, moe.payload,
                ctx.speculative, world.max_num_tokens, world.dp_size, ctx.sp_prefill_a2a,
-               ctx.cap_from_env, ctx.chunked_prefill_size, active().version)
+               ctx.cap_from_env, ctx.chunked_prefill_size, world.flashinfer)
         if key in self._instances:
             self._instances.move_to_end(key)
         else:
             if len(self._instances) >= self.MAX_INSTANCES:
                 self._instances.popitem(last=False)
-            cls = self.module.FlashinferDispatcher
+            cls = self.module(world.flashinfer).FlashinferDispatcher
             kwargs = dict(group=self.process_group or _Group(world, rank), router_topk=moe.top_k,
                           num_experts=moe.num_experts,
                           num_local_experts=moe.num_experts // world.ep_size,
                           hidden_size=moe.hidden_size)
-            if self._takes_sp_prefill_arg:
+            if self._takes_sp_prefill_arg(world.flashinfer):
                 kwargs["enable_sp_prefill_a2a"] = ctx.sp_prefill_a2a  # server arg, 0.5.2x
             d = cls(**kwargs)  # SGLang constructs its MoeAlltoAll (cap, workspace) itself
             quant = {}
@@ -212,7 +211,7 @@ class SGLangRelease(EnginePolicy):
         state = _State(world, rank, ctx, self.hooks)
         token = current.set(state)
         try:
-            with _sandbox(self.flashinfer, self._imports):  # sglang.* is imported in calls too
+            with _sandbox(self.flashinfer, world.flashinfer, self._imports):  # sglang.* is imported in calls too
                 yield state
         finally:
             current.reset(token)
@@ -236,7 +235,7 @@ class SGLangRelease(EnginePolicy):
         itself where nothing is padded (no DP attention, a CUDA graph, no gathered list)."""
         if not world.dp_attention or ctx.forward_mode in ("capture", "replay"):
             return world
-        key = (world, ctx, active().version)
+        key = (world, ctx)  # the world carries its generation
         if key not in self._padded_worlds:
             if len(self._padded_worlds) > 4096:
                 self._padded_worlds.clear()
@@ -271,7 +270,7 @@ class SGLangRelease(EnginePolicy):
         ``tokens_per_req`` tokens each. ``None`` when the step runs eagerly: a batch larger
         than every bucket (the runner's ``can_run``), or no gathered counts (the all-gather
         skipped: the scheduler never marks the batch ``can_run_dp_cuda_graph``)."""
-        key = (world, ctx, active().version)
+        key = (world, ctx)  # the world carries its generation
         if key not in self._replayed:  # every rank's outcome and the checks ask for it
             if len(self._replayed) > 4096:
                 self._replayed.clear()
@@ -360,49 +359,8 @@ class SGLangRelease(EnginePolicy):
 
     def step(self, world: World, ctx: SGLangContext = SGLangContext()) -> List[Outcome]:
         """Every EP rank's outcome for one step."""
-        with _sandbox(self.flashinfer, self._imports):
+        with _sandbox(self.flashinfer, world.flashinfer, self._imports):
             return [self.outcome(world, r, ctx) for r in range(world.ep_size)]
-
-
-class BoundStep(EngineStep):
-    """A release bound to one (world, context): called with a rank's view it returns the
-    runtime that rank's dispatch() launched with; ``notes()`` says what each rank saw. The
-    whole step runs on the first call; asking for a rank again runs it again (so the
-    determinism check of ``rule_values`` sees a fresh answer)."""
-
-
-    def __init__(self, release: SGLangRelease, world: World, ctx: SGLangContext):
-        self.release, self.world, self.ctx = release, world, ctx
-        self.outcomes: Optional[List[Outcome]] = None
-        self._served: set = set()
-        self.spec = release.spec
-        self.replay_args = (release.companions.replay_flag if release.companions else "") + (
-            "" if ctx == SGLangContext() else f" --context \"{ctx!r}\"")
-
-    def __call__(self, view: RankView) -> int:
-        rank, label = view.ep_rank, self.release.label
-        if self.outcomes is None:
-            self.outcomes = self.release.step(self.world, self.ctx)
-        out = self.outcomes[rank]
-        if rank in self._served:
-            out = self.release.outcome(self.world, rank, self.ctx)
-        self._served.add(rank)
-        if out.error and not self.world.payload_fits_cap:  # its clear refusal is the right answer
-            raise CapExceeded(f"SGLang {label} refused: {out.error}")
-        if out.error:
-            raise SGLangAssertion(f"SGLang {label} dispatch() raised {out.error}")
-        if out.routed_around:
-            raise SGLangAssertion(f"SGLang {label} did not launch the A2A in "
-                                  f"{self.ctx.forward_mode} mode")
-        return out.runtime
-
-    def notes(self) -> str:
-        """Rendered only when a failure is reported."""
-        if not self.outcomes:
-            return ""
-        return (f"  what SGLang {self.release.label} saw and did:\n"
-                + describe_outcomes(self.outcomes, self.world) + "\n"
-                + describe_sources(self.release))
 
 
 _LOADED: Dict[tuple, SGLangRelease] = {}
@@ -435,8 +393,11 @@ def load_release(path, label: Optional[str] = None, flashinfer: str = "recorder"
 
 def load_tree(tree: Tree, flashinfer: str = "recorder") -> SGLangRelease:
     """The tree's dispatcher file executed on the stand-ins, with the SGLang code the tree
-    resolved compiled beside it."""
-    module = _exec(tree.main, tree.digest, flashinfer, active().version, tree.companions.imports)
+    resolved compiled beside it. It is first executed against the session's default generation
+    (the load probe: a release that cannot import there is refused at load); each world's step
+    runs the file as executed against that world's own generation (``SGLangRelease.module``)."""
+    version = active().version  # a default: the session's generation, for the load probe
+    module = _exec(tree.main, tree.digest, flashinfer, version, tree.companions.imports)
     if not isinstance(getattr(module, "FlashinferDispatcher", None), type):
         raise _not_ours(tree.main)
     key = (tree.key, flashinfer)
@@ -447,7 +408,7 @@ def load_tree(tree: Tree, flashinfer: str = "recorder") -> SGLangRelease:
         scheduler=load_scheduler(tree, namespace),
         require_mlp_tp_gather=tree.function("require_mlp_tp_gather", namespace),
         a2a_cap=tree.function("flashinfer_a2a_max_dispatch_tokens_per_rank", namespace))
-    release = SGLangRelease(tree.main, tree.label, {active().version: module}, tree.digest,
+    release = SGLangRelease(tree.main, tree.label, {version: module}, tree.digest,
                             hooks, flashinfer, tree=tree)
     _LOADED[key] = release
     return release
@@ -462,7 +423,7 @@ def _exec(path: Path, digest: str, flashinfer: str, version: str, imports: tuple
     per place the tree's imports lead)."""
     name = f"_a2a_gate_sglang_{digest[:16]}_{flashinfer}_{version.replace('.', '_')}"
     if (name, imports) not in _MODULES:
-        _MODULES[name, imports] = exec_engine_file(path, name, _sandbox(flashinfer, imports),
+        _MODULES[name, imports] = exec_engine_file(path, name, _sandbox(flashinfer, version, imports),
                                                    "sglang")
     return _MODULES[name, imports]
 

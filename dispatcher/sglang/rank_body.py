@@ -58,7 +58,7 @@ def run_example(state, rank, ep_size, world, spec, bypass, ctx=None) -> dict:
         y = torch_ops.stand_in_moe(out.hidden_states.float()[None], topk.topk_ids[None],
                                    topk.topk_weights[None], torch.tensor([rank], device=device),
                                    world.moe.num_experts, ep_size)[0]
-        result = d.combine(release.module.FlashinferCombineInput(y))
+        result = d.combine(release.module(world.flashinfer).FlashinferCombineInput(y))
     expected = expected_recv_counts(world, inputs)[rank].copy()
     reference = reference_outputs(world, [inp])[0]
     if emulated:
@@ -92,7 +92,7 @@ def _agree_before_launch(a2a, state):
         agreed = agree(state, runtime_max_tokens_per_rank)
         example["values"] = agreed
         if example["bypass"] is False:
-            validate(agreed, example["world"].views)
+            validate(agreed, example["world"].views, example["world"].generation)
         return launch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *a, **k)
     a2a.dispatch = dispatch
     a2a._a2a_gate_agreed = True

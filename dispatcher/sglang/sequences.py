@@ -35,7 +35,7 @@ class SequenceFailure(AssertionError):
 
 def replay_line(release: SGLangRelease, steps: Sequence[Step]) -> str:
     companions = release.companions.replay_flag if release.companions else ""
-    return (f"python -m dispatcher{replay_flag()}{companions} --policy "
+    return (f"python -m dispatcher{replay_flag(steps[0][0].flashinfer)}{companions} --policy "
             f"{shlex.quote(release.spec)} \"{tuple(steps)!r}\"")
 
 

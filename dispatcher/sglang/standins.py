@@ -385,21 +385,20 @@ def _table() -> Dict[str, Dict[str, object]]:
     }
 
 
-def stand_in_modules(flashinfer: str = "recorder", imports: tuple = ()
+def stand_in_modules(flashinfer: str, version: str, imports: tuple = ()
                      ) -> Dict[str, types.ModuleType]:
     """Every module SGLang's dispatcher file imports, as stand-ins (for ``sys.modules``).
     ``flashinfer``: "recorder" (``MoeAlltoAll`` records and stops at the launch); "emulated"
     (the CPU rank pool: ``emulator.gloo.EmulatedMoeAlltoAll``, the exact model over gloo);
     "real" (FlashInfer's own modules answer, and SGLang's comm backend runs over
-    torch.distributed). FlashInfer's modules offer the names of the generation under test.
+    torch.distributed).
     ``imports`` (``Companions.imports``: a piece of SGLang's code -> the modules the tree's
     files import it from) puts the stand-in that runs that piece in those modules too, so a
     tree importing a helper from a new module reaches the helper. A name of SGLang's own
     modules that the table lacks, and any module of SGLang's it does not hold, import as
-    ``Unmodelled`` (``UnmodelledFinder``): using one stops the call by name, not judged."""
-    from ..model.generations import active
-
-    return _stand_in_modules(flashinfer, active().version, imports)
+    ``Unmodelled`` (``UnmodelledFinder``): using one stops the call by name, not judged.
+    ``version``: the FlashInfer generation whose modules and names they offer."""
+    return _stand_in_modules(flashinfer, version, imports)
 
 
 @functools.lru_cache(maxsize=64)

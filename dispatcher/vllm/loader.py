@@ -29,11 +29,9 @@ import inspect
 import sys
 import types
 from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
-from unittest import mock
 
 from ..model.vllm_world import as_vllm_world, not_producible
 from ..model.generations import active
@@ -44,20 +42,16 @@ from ..sizing import NotApplicable, RankView
 from ..releases.companions import Companions
 from ..releases.tree import Tree
 from ..sandbox.engine_tensors import stand_in_rows
-from ..sandbox.standins import StandIn, exec_engine_file, reentrant
+from ..sandbox.standins import StandIn, exec_engine_file
 from ..releases.wheels import ReleaseError
 from . import fetch
-from .fetch import RELEASE_MODULES
-from .release_modules import MANAGER_CLASSES, CpuGroup, release_modules, runtime_patches
-from .standins import (Launch, Launched, OneSidedManager, QuantConfig, State, current,
-                       stand_in_modules)
+from .release_modules import MANAGER_CLASSES, CpuGroup
+from .sides import SIDES, _side_of
+from .sandbox import ALL2ALL, _sandbox, header_note  # noqa: F401 - header_note: the report's
+from .standins import Launch, Launched, OneSidedManager, QuantConfig, State, current
 
 __all__ = ["SIDES", "Outcome", "VLLMRelease", "BoundVLLMStep", "VLLMError", "load_release",
            "load_tree", "tree_of", "tree_of_spec", "release_from_spec"]
-
-ALL2ALL = "vllm.distributed.device_communicators.all2all"  # the managers' module
-SIDES = {"one-sided": "FlashInferNVLinkOneSidedPrepareAndFinalize",
-         "two-sided": "FlashInferNVLinkTwoSidedPrepareAndFinalize"}
 
 
 class VLLMError(AssertionError):
@@ -82,89 +76,6 @@ def num_tokens_across_dp(world: World) -> List[int]:
     """What vLLM's DP coordination records for the step (``DPMetadata.num_tokens_across_dp_cpu``)."""
     counts = list(world.group_tokens)
     return [max(counts)] * len(counts) if world.max_len_padding else counts
-
-
-@reentrant
-@contextmanager
-def _sandbox(root: Optional[Path] = None, side: str = ""):
-    """The stand-in modules in ``sys.modules`` (the two-sided file imports FlashInfer inside
-    prepare(), so calls run inside it too), with the release's own vLLM modules under ``root``
-    (``release_modules.py``) in place of their stand-ins."""
-    import torch  # noqa: F401 - imported outside the patch, or restoring sys.modules drops it
-    import torch.distributed  # noqa: F401
-
-    with mock.patch.dict(sys.modules, stand_in_modules()), runtime_patches():
-        if root is not None:
-            sys.modules.update(_own_modules(root, side))
-        yield
-
-
-_OWN: Dict[tuple, Dict[str, object]] = {}
-_OWN_NOTES: Dict[tuple, str] = {}
-
-
-def _own_modules(root: Path, side: str) -> Dict[str, object]:
-    """The release's own modules to put in place of the stand-ins (loaded once per tree, side
-    and generation, inside the sandbox). Its all-to-all managers replace the gate's only where
-    they build FlashInfer's ``moe_ep`` communication, the API the FlashInfer recorders model;
-    otherwise the gate's stand-in manager runs, and ``own_code_note`` says so."""
-    key = (str(root), side, active().version)
-    if key not in _OWN:
-        try:
-            own = release_modules(root, f"vllm:{root}", {})
-        except ReleaseError as exc:  # an older tree: its modules import what is not modelled
-            _OWN[key], _OWN_NOTES[key] = {}, (
-                f"the gate's stand-ins for its all-to-all managers and their modules "
-                f"(dispatcher/vllm/standins.py), since {str(exc).partition(': ')[2]}")
-            for name in RELEASE_MODULES:  # what the failed load left in the sandbox goes too
-                sys.modules.pop(name, None)
-            return _OWN[key]
-        modules = dict(own.modules)
-        if side and own.manager_class(side) is None:
-            modules.pop(ALL2ALL, None)  # the file's isinstance check needs the manager it gets
-            sys.modules[ALL2ALL] = stand_in_modules()[ALL2ALL]
-            _OWN_NOTES[key] = (f"the gate's stand-in {MANAGER_CLASSES[side]} (this release's "
-                               f"manager builds FlashInfer's flashinfer.comm workspaces, which "
-                               f"the gate does not model; dispatcher/vllm/standins.py)")
-        _OWN[key] = modules
-    return _OWN[key]
-
-
-def header_note(tree: Tree) -> str:
-    """For the report header, read without running anything: which of vLLM's own modules run
-    beside the tree's file, and which of its code the gate stands in for by hand, with the
-    reason."""
-    import ast
-
-    side = _side_of(tree.main)
-    root = tree.root
-    have = [n.rpartition(".")[2] for n, rel in RELEASE_MODULES.items()
-            if root is not None and (root / rel).is_file()]
-    if not have:
-        return ("\n  by hand: the gate's stand-ins for vLLM's all-to-all managers (no "
-                "all2all.py beside the file)")
-    all2all = root / RELEASE_MODULES[ALL2ALL]
-    manager = MANAGER_CLASSES.get(side or "", "")
-    try:
-        tree = ast.parse(all2all.read_text()) if all2all.is_file() else None
-    except (OSError, SyntaxError, ValueError):
-        tree = None
-    node = next((n for n in getattr(tree, "body", []) if isinstance(n, ast.ClassDef)
-                 and n.name == manager), None)
-    text = "" if node is None or tree is None else (ast.get_source_segment(all2all.read_text(), node) or "")
-    if "flashinfer.moe_ep" in text:
-        return f"\n  vLLM's own code run beside it: {', '.join(have)} (its {manager} among them)"
-    return (f"\n  vLLM's own code run beside it where it loads: {', '.join(have)}; by hand: the "
-            f"gate's stand-in {manager or 'manager'} (this release's builds FlashInfer's "
-            f"flashinfer.comm workspaces, which the gate does not model)")
-
-
-def own_code_note(root: Path, side: str) -> str:
-    """What of vLLM's own code beside the file runs, and what the gate stands in for by hand."""
-    key = (str(root), side, active().version)
-    mods = sorted(n.rpartition(".")[2] for n in _OWN.get(key, ()))
-    text = f"vLLM's own {', '.join(mods)}" if mods else "none of vLLM's modules beside it"
-    return text + (f"; by hand: {_OWN_NOTES[key]}" if key in _OWN_NOTES else "")
 
 
 @dataclass(repr=False, eq=False)
@@ -202,11 +113,9 @@ class VLLMRelease(EnginePolicy):
     def runs_modelled_a2a(self) -> bool:
         return self.side != "two-sided"  # MnnvlMoe's kernels: not this workspace
 
-    @property
-    def module(self):
-        """The file as executed against the FlashInfer generation modelled now (its imports of
-        ``flashinfer.comm`` differ by generation), executed once per generation."""
-        version = active().version
+    def module(self, version: str):
+        """The file as executed against FlashInfer generation ``version`` (a world's: its
+        imports of ``flashinfer.comm`` differ by generation), executed once per generation."""
         if version not in self.loaded:
             self.loaded[version] = _exec(self.path, self.sha256, version, self.side, self.root)
         return self.loaded[version]
@@ -256,7 +165,7 @@ class VLLMRelease(EnginePolicy):
         initialises the rank's all-to-all manager, kept with it and set on ``state``)."""
         moe = world.moe
         key = (world.ep_size, world.dp_size, rank, moe.hidden_size, moe.top_k, moe.num_experts,
-               moe.payload, world.max_num_tokens, active().version)
+               moe.payload, world.max_num_tokens, world.flashinfer)
         if key in self._instances:
             self._instances.move_to_end(key)
             layer, state.manager = self._instances[key]
@@ -272,7 +181,7 @@ class VLLMRelease(EnginePolicy):
                      x_sf_bytes_per_token=scales, dispatch_scale_bytes_per_token=scales,
                      dispatch_dtype_bytes_per_elem=hidden // moe.hidden_size or 1,
                      dispatch_format=None, extra_payload_bytes_per_token=0)
-        cls = getattr(self.module, SIDES[self.side])
+        cls = getattr(self.module(world.flashinfer), SIDES[self.side])
         takes, required = _init_params(cls)
         unknown = required - set(known)
         if unknown:
@@ -303,7 +212,7 @@ class VLLMRelease(EnginePolicy):
         reason = not_producible(world, self.side)
         if reason:
             raise NotApplicable(reason)
-        with _sandbox(self.root, self.side):
+        with _sandbox(world.flashinfer, self.root, self.side):
             return self._run_rank(world, rank, self.local_sizes(world))
 
     def step(self, world: World) -> List[Outcome]:
@@ -312,7 +221,7 @@ class VLLMRelease(EnginePolicy):
         if reason:
             raise NotApplicable(reason)
         sizes = self.local_sizes(world)
-        with _sandbox(self.root, self.side):
+        with _sandbox(world.flashinfer, self.root, self.side):
             return [self._run_rank(world, r, sizes) for r in range(world.ep_size)]
 
     def _run_rank(self, world: World, rank: int, local_sizes) -> Outcome:
@@ -417,7 +326,7 @@ def _exec(path: Path, digest: str, version: str, side: str, root: Optional[Path]
     the tree ``root`` beside it."""
     name = f"_a2a_gate_vllm_{digest[:16]}_{version.replace('.', '_')}_{side.replace('-', '_')}"
     if name not in _MODULES:
-        _MODULES[name] = exec_engine_file(path, name, _sandbox(root, side), "vllm")
+        _MODULES[name] = exec_engine_file(path, name, _sandbox(version, root, side), "vllm")
     return _MODULES[name]
 
 
@@ -443,30 +352,21 @@ def load_release(path, label: Optional[str] = None) -> VLLMRelease:
 
 def load_tree(tree: Tree) -> VLLMRelease:
     """The tree's prepare/finalize file executed with the tree's vLLM modules beside it, and
-    vLLM's SP split compiled from the tree."""
+    vLLM's SP split compiled from the tree. It is first executed against the session's default
+    generation (the load probe); each world's step runs the file as executed against that
+    world's own generation (``VLLMRelease.module``)."""
     if tree.key in _LOADED:
         return _LOADED[tree.key]
     import torch
 
     side = _side_of(tree.main)
     split = tree.function("_compute_sp_num_tokens", {"torch": torch})
-    module = _exec(tree.main, tree.digest, active().version, side, tree.root)
-    release = VLLMRelease(tree.main, tree.label, {active().version: module}, tree.digest, side,
+    version = active().version  # a default: the session's generation, for the load probe
+    module = _exec(tree.main, tree.digest, version, side, tree.root)
+    release = VLLMRelease(tree.main, tree.label, {version: module}, tree.digest, side,
                           split, tree=tree)
     _LOADED[tree.key] = release
     return release
-
-
-def _side_of(path: Path) -> Optional[str]:
-    """Which side's prepare/finalize class the file defines (read, not run)."""
-    import ast
-
-    try:
-        tree = ast.parse(path.read_text())
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise ReleaseError(f"vllm:{path}: not a Python file vLLM could import ({exc})") from None
-    names = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
-    return next((s for s, cls in SIDES.items() if cls in names), None)
 
 
 def _split(target: str):

@@ -261,12 +261,10 @@ def _table() -> Dict[str, Dict[str, object]]:
     }
 
 
-def stand_in_modules() -> Dict[str, types.ModuleType]:
+def stand_in_modules(version: str) -> Dict[str, types.ModuleType]:
     """Every module vLLM's prepare/finalize file imports, as stand-ins (for ``sys.modules``);
-    FlashInfer's modules are those the generation under test has."""
-    from ..model.generations import active
-
-    return _stand_in_modules(active().version)
+    FlashInfer's modules are those generation ``version`` has."""
+    return _stand_in_modules(version)
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from dispatcher.emulator.rounds import back_to_back, expected_recv_counts
 from dispatcher.emulator.inputs import make_inputs
 from dispatcher.model.cross_round import rows_at_risk
-from dispatcher.model.generations import using
+from dispatcher.model.generations import generation_of
 from dispatcher.model.world import MoeConfig, World
 from strategies.sequences import step_sequences
 
@@ -51,12 +51,12 @@ def test_the_late_rank_reads_exactly_the_rows_the_model_puts_at_risk(seq, versio
     # rank 0's combine rows lie first in every peer's combine region: the first a grown
     # plane reaches, so it is late in half the pairs
     late = data.draw(st.just(0) | st.integers(0, first.ep_size - 1), label="late")
-    with using(version) as gen:
-        assume(all(w.moe.top_k in gen.supported_top_k for w in (first, second)))
-        first, second = first.on(gen), second.on(gen)
-        run = back_to_back(first, second, [_runtime(first)] * first.ep_size,
-                           [_runtime(second)] * first.ep_size, late)
-        at_risk = _counted_at_risk(first, second, run, late)
+    gen = generation_of(version)
+    assume(all(w.moe.top_k in gen.supported_top_k for w in (first, second)))
+    first, second = first.on(gen), second.on(gen)
+    run = back_to_back(first, second, [_runtime(first)] * first.ep_size,
+                       [_runtime(second)] * first.ep_size, late)
+    at_risk = _counted_at_risk(first, second, run, late)
     event(f"{version}: {'rows overwritten' if run.overwritten else 'nothing overwritten'}")
     assert run.overwritten == at_risk
     assert run.second_exact, "round n+1 is wrong: the race hits only round n's combine"
@@ -74,8 +74,7 @@ def test_the_late_rank_reads_exactly_the_rows_the_model_puts_at_risk(seq, versio
     ("0.7.4", replace(STEP, group_tokens=(8, 8)), False),  # closed by layout
 ], ids=["grows-072", "constant-072", "shrinks-072", "grows-074"])
 def test_a_growing_layout_corrupts_the_late_ranks_output(version, nxt, wrong):
-    with using(version):
-        run = back_to_back(STEP.on(version), nxt.on(version), [4, 4], [_runtime(nxt)] * 2, late=0)
+    run = back_to_back(STEP.on(version), nxt.on(version), [4, 4], [_runtime(nxt)] * 2, late=0)
     assert (run.first_mismatched() == [0]) is wrong
     assert (run.overwritten > 0) is wrong and run.second_exact
     if wrong:  # not noise: whole rows of the combine sum differ
@@ -86,12 +85,10 @@ def test_a_growing_layout_corrupts_the_late_ranks_output(version, nxt, wrong):
 def test_a_bf16_layer_after_an_nvfp4_one_at_a_constant_runtime():
     bf16 = STEP.on("0.7.2")
     nvfp4 = replace(bf16, moe=replace(STEP.moe, payload="nvfp4"))
-    with using("0.7.2"):
-        assert back_to_back(nvfp4, bf16, [4, 4], [4, 4], late=1).first_mismatched() == [1]
-        assert not back_to_back(bf16, nvfp4, [4, 4], [4, 4], late=1).first_mismatched()
-    with using("0.7.4"):
-        assert not back_to_back(nvfp4.on("0.7.4"), STEP.on("0.7.4"), [4, 4], [4, 4],
-                                late=1).first_mismatched()
+    assert back_to_back(nvfp4, bf16, [4, 4], [4, 4], late=1).first_mismatched() == [1]
+    assert not back_to_back(bf16, nvfp4, [4, 4], [4, 4], late=1).first_mismatched()
+    assert not back_to_back(nvfp4.on("0.7.4"), STEP.on("0.7.4"), [4, 4], [4, 4],
+                            late=1).first_mismatched()
 
 
 def test_rounds_of_different_workspaces_are_refused():

@@ -106,7 +106,7 @@ def test_an_engine_handed_millions_of_rows_costs_no_memory_for_them():
 def test_a_rule_returning_a_non_int_fails_every_property_with_a_replay_line(value):
     with pytest.raises(RuleCrashed, match=r"\[int\]") as info:
         properties.rule_values(lambda view: value, WORLD, "mypkg:rule")
-    assert f"replay: python -m dispatcher{replay_flag()} --policy mypkg:rule" in str(info.value)
+    assert f"replay: python -m dispatcher{replay_flag(WORLD.flashinfer)} --policy mypkg:rule" in str(info.value)
 
 
 def test_a_nondeterministic_rule_is_named_as_such_not_as_rank_variance():

@@ -18,21 +18,21 @@ def test_policy_value_passes_validation_when_a_valid_runtime_exists(world, polic
     world = properties.world_for(policy, world)  # an engine's own world (vLLM)
     values = properties.values_or_reject(policy, world, policy_spec)
     if world.payload_fits_cap:
-        runtime = validate(values, world.views)
+        runtime = validate(values, world.views, world.generation)
         assert world.max_rows <= runtime <= world.max_num_tokens
     else:
         with pytest.raises(A2ASizingError):
-            validate(values, world.views)
+            validate(values, world.views, world.generation)
 
 
 @given(world=worlds())
 def test_no_valid_runtime_raises_cap_exceeded_naming_the_env(world):
     """With the shipped rule, a payload over the cap is CapExceeded naming the cap env."""
     if world.payload_fits_cap:
-        assert plan(ideal_rule, world.views) == world.ideal_runtime
+        assert plan(ideal_rule, world.views, world.generation) == world.ideal_runtime
     else:
         with pytest.raises(CapExceeded, match=CAP_ENV) as info:
-            plan(ideal_rule, world.views)
+            plan(ideal_rule, world.views, world.generation)
         assert f"at least {world.max_rows}" in str(info.value)
 
 
@@ -44,9 +44,9 @@ def test_cap_boundary_exact(over):
     assert world.max_rows == cap + over
     if over:
         with pytest.raises(CapExceeded, match=CAP_ENV):
-            plan(ideal_rule, world.views)
+            plan(ideal_rule, world.views, world.generation)
     else:
-        assert plan(ideal_rule, world.views) == cap
+        assert plan(ideal_rule, world.views, world.generation) == cap
 
 
 WORLD = World(ep_size=4, dp_size=2, group_tokens=(6, 2), max_num_tokens=8)  # rows [3,3,1,1]
@@ -67,7 +67,7 @@ WORLD = World(ep_size=4, dp_size=2, group_tokens=(6, 2), max_num_tokens=8)  # ro
 ])
 def test_each_bad_value_gets_its_own_error(values, error, words):
     with pytest.raises(error) as info:
-        validate(values, WORLD.views)
+        validate(values, WORLD.views, WORLD.generation)
     assert words in str(info.value)
 
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import assume, given, strategies as st
 
 from dispatcher.model import one_sided as w074
-from dispatcher.model.generations import GENERATIONS, using
+from dispatcher.model.generations import GENERATIONS, generation_of
 from dispatcher.model.payloads import PayloadFormat, dispatch_payloads, pad
 from dispatcher.model.mnnvl import aux_size, workspace_size_per_rank
 from dispatcher.model.world import World
@@ -42,37 +42,36 @@ def test_aux_size(w, head):
 @BOTH
 @given(world=worlds(moe=moe_configs), frac=st.floats(0, 1))
 def test_needed_bytes_fit_for_every_runtime_up_to_the_cap(version, world, frac):
-    with using(version) as gen:
-        assume(world.moe.top_k in gen.supported_top_k)
-        world = world.on(gen)
-        size, cap = world.workspace_size, world.max_num_tokens
-        for runtime in {1, max(1, round(frac * cap)), cap}:
-            lay = world.layout(runtime)
-            assert lay.dispatch_end <= size and lay.combine_end <= size
-        # the cap uses the workspace up to its padding (0.7.4 pads its regions to 256 bytes)
-        assert size - world.layout(cap).combine_end < (256 if gen.fixed_combine_region else 128)
+    gen = generation_of(version)
+    assume(world.moe.top_k in gen.supported_top_k)
+    world = world.on(gen)
+    size, cap = world.workspace_size, world.max_num_tokens
+    for runtime in {1, max(1, round(frac * cap)), cap}:
+        lay = world.layout(runtime)
+        assert lay.dispatch_end <= size and lay.combine_end <= size
+    # the cap uses the workspace up to its padding (0.7.4 pads its regions to 256 bytes)
+    assert size - world.layout(cap).combine_end < (256 if gen.fixed_combine_region else 128)
 
 
 @BOTH
 @given(world=worlds(moe=moe_configs))
 def test_one_row_past_the_cap_does_not_fit(version, world):
-    with using(version) as gen:
-        assume(world.moe.top_k in gen.supported_top_k)
-        world = world.on(gen)
-        if gen.checks_local_rows:  # the op itself refuses it (0.7.2 only asserted in Python)
-            with pytest.raises(ValueError, match="exceeds the allocation-time token capacity"):
-                world.layout(world.max_num_tokens + 1)
-            return
-        over = world.layout(world.max_num_tokens + 1)
-        assert over.bytes_needed > world.workspace_size  # W * 2H >= 128 for every drawn H
+    gen = generation_of(version)
+    assume(world.moe.top_k in gen.supported_top_k)
+    world = world.on(gen)
+    if gen.checks_local_rows:  # the op itself refuses it (0.7.2 only asserted in Python)
+        with pytest.raises(ValueError, match="exceeds the allocation-time token capacity"):
+            world.layout(world.max_num_tokens + 1)
+        return
+    over = world.layout(world.max_num_tokens + 1)
+    assert over.bytes_needed > world.workspace_size  # W * 2H >= 128 for every drawn H
 
 
 @BOTH
 def test_layout_rejects_what_the_kernel_rejects(version):
-    with using(version):
-        world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=8)
-        with pytest.raises(ValueError, match="> 0"):
-            world.layout(0)
+    world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=8, flashinfer=version)
+    with pytest.raises(ValueError, match="> 0"):
+        world.layout(0)
 
 
 # --- 0.7.4 against FlashInfer's own layout code ----------------------------------------------

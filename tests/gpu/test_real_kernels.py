@@ -42,12 +42,6 @@ def single_gpu():
     return warm.take("gpu-single")
 
 
-def _074() -> bool:
-    from dispatcher.model.generations import active
-
-    return active().checks_local_rows
-
-
 def _report(world, values, rt, name):
     return "; ".join(rt.problems) + "\n" + properties.explain(world, values, name)
 
@@ -61,7 +55,7 @@ def test_real_round_trip(world, policy, policy_spec, single_gpu):
     world = properties.world_for(policy, world)  # an engine's own world (vLLM)
     values = properties.values_or_reject(policy, world, policy_spec)
     properties.check_all(world, values, policy_spec)
-    runtime = validate(values, world.views)
+    runtime = validate(values, world.views, world.generation)
     event(f"ep={world.ep_size} payload={world.moe.payload}")
     rt = single_gpu.run(world, [runtime] * world.ep_size)
     assert not rt.problems, _report(world, values, rt, policy_spec)
@@ -90,7 +84,7 @@ def test_real_rounds_back_to_back_on_one_workspace(seq, policy, policy_spec, sin
     if not rounds.worlds:  # every step one the engine never runs (all idle, say): no round
         event("no round ran")
         return
-    runtimes = [validate(values, w.views) for w, values in zip(rounds.worlds, rounds.values)]
+    runtimes = [validate(values, w.views, w.generation) for w, values in zip(rounds.worlds, rounds.values)]
     problems = single_gpu.run_sequence(rounds.worlds, runtimes)
     for n, found in enumerate(problems):
         if rounds.at_risk(n):
@@ -127,7 +121,7 @@ def test_undersized_runtime_is_caught_through_the_real_kernel(world, single_gpu)
         assert "CUDA error" in str(exc) or "illegal" in str(exc), exc
         return
     assert found, "FlashInfer ran an undersized runtime and nothing was detected"
-    if _074():
+    if world.generation.checks_local_rows:
         assert all("FlashInfer 0.7.4 refused rank" in f for f in found), found
     else:
         assert any("differs" in f or "stray" in f or "guard" in f for f in found), found
@@ -195,7 +189,7 @@ def test_074_refused_rank_is_reported_with_no_peer_spinning(single_gpu):
     t0 = time.monotonic()
     problems = single_gpu.run(world, [4, 4, 4, 4]).problems
     assert problems
-    if _074():
+    if world.generation.checks_local_rows:
         assert len(problems) == 1 and "refused rank 0 (5 rows, runtime 4)" in problems[0]
         assert time.monotonic() - t0 < 10  # nobody waited for timeout_sec
         assert not single_gpu.run(world, [5, 5, 5, 5]).problems  # and the next round is exact
@@ -239,7 +233,7 @@ def test_the_largest_worlds_co_residency_allows(single_gpu, policy, policy_spec)
             continue
         values = properties.rule_values(policy, world, policy_spec)
         properties.check_all(world, values, policy_spec)
-        rt = single_gpu.run(world, [validate(values, world.views)] * ep)
+        rt = single_gpu.run(world, [validate(values, world.views, world.generation)] * ep)
         assert not rt.problems, f"ep={ep} rows={rows} on {sms} SMs: " + _report(
             world, values, rt, policy_spec)
 
@@ -248,9 +242,10 @@ def test_the_largest_worlds_co_residency_allows(single_gpu, policy, policy_spec)
 @pytest.mark.parametrize("ep_size", [65, 96, 128, 200, 255, 256])
 def test_074_byte_model_past_64_ranks(ep_size, single_gpu):
     """0.7.4 takes up to 256 ranks: its layout function (no kernel) against ours."""
-    if not _074():
+    if not single_gpu.generation.checks_local_rows:  # the installed generation's
         with pytest.raises(ValueError):
-            World(ep_size=ep_size, dp_size=1, group_tokens=(0,), max_num_tokens=1)
+            World(ep_size=ep_size, dp_size=1, group_tokens=(0,), max_num_tokens=1,
+                  flashinfer=single_gpu.generation.version)
         return
     from dispatcher.gpu.one_sided import byte_model
 

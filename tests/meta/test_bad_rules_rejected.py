@@ -10,7 +10,6 @@ from .. import copy_suite
 from dispatcher.emulator.a2a import RankRefused
 
 from dispatcher.emulator.rounds import round_trip
-from dispatcher.model.generations import using
 from dispatcher.model import properties
 from dispatcher.model.properties import breaks
 from dispatcher.mutants import MUTANTS
@@ -72,12 +71,11 @@ def test_undersized_rule_corrupts_the_emulated_a2a():
     def corrupted(world):
         values = properties.rule_values(RULES["undersized"], world)
         return world.max_rows >= 2 and not round_trip(world, values).exact
-    with using("0.7.2"):
-        world = minimal(a2a_worlds(), corrupted)
-        rt = round_trip(world, properties.rule_values(RULES["undersized"], world))
+    world = minimal(a2a_worlds(flashinfer="0.7.2"), corrupted)
+    rt = round_trip(world, properties.rule_values(RULES["undersized"], world))
     assert rt.events and rt.mismatched_ranks()
     world = world.on("0.7.4")
-    with using("0.7.4"), pytest.raises(RankRefused):
+    with pytest.raises(RankRefused):
         round_trip(world, properties.rule_values(RULES["undersized"], world))
 
 

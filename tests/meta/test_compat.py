@@ -52,7 +52,7 @@ def test_the_newest_releases_fail_on_074_with_their_own_errors():
 def test_a_pinned_release_runs_on_its_generation_where_none_is_installed_or_asked():
     """``pytest -n auto --policy=vllm:0.34.0`` on a machine without FlashInfer models 0.7.4,
     the generation 0.34.0 calls (an installed FlashInfer or --flashinfer still decides)."""
-    from dispatcher.plugin import _judged_on
+    from dispatcher.plugin.generation import judged_on as _judged_on
 
     assert _judged_on("vllm:0.34.0") == _judged_on("vllm:0.34.0@two-sided") == "0.7.4"
     assert _judged_on("vllm:0.33.0") == _judged_on("sglang:0.5.23") == "0.7.2"

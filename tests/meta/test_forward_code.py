@@ -11,6 +11,7 @@ from .. import needs_torch
 NEEDS_TORCH = needs_torch(reason="SGLang's dispatcher needs torch: pip install torch==2.13.0")
 
 from dispatcher.releases.companions import NEWEST_ENV  # noqa: E402
+from dispatcher.model.generations import PINNED_RELEASES_GENERATION  # noqa: E402
 from dispatcher.model.sglang_context import CAPTURE_SIZES, SGLangContext  # noqa: E402
 from dispatcher.model.world import World  # noqa: E402
 from dispatcher.policies import load_policy  # noqa: E402
@@ -86,8 +87,11 @@ def _edit(tree, rel, old, new):
     path.write_text(text.replace(old, new))
 
 
-UNEVEN = World(ep_size=2, dp_size=2, group_tokens=(3, 9), max_num_tokens=64)
-SUM_LEN = World(ep_size=4, dp_size=4, group_tokens=(1, 1, 1, 8), max_num_tokens=64)
+# made at import: each names the generation SGLang's releases run on, whatever the session's
+UNEVEN = World(ep_size=2, dp_size=2, group_tokens=(3, 9), max_num_tokens=64,
+               flashinfer=PINNED_RELEASES_GENERATION)
+SUM_LEN = World(ep_size=4, dp_size=4, group_tokens=(1, 1, 1, 8), max_num_tokens=64,
+                flashinfer=PINNED_RELEASES_GENERATION)
 
 
 EDITS = {  # an edit of one step: (file, old, new), the step and class it shows in, the words
@@ -116,7 +120,8 @@ EDITS = {  # an edit of one step: (file, old, new), the step and class it shows 
     "draft-runner-own-bucket": (  # the same in the EAGLE draft runner
         (sources.DRAFT_RUNNER, "bs = self._pad_to_bucket(int(max_batch_size), self.capture_bs)",
          "bs = self._pad_to_bucket(raw_bs, self.capture_bs)"),
-        World(ep_size=2, dp_size=2, group_tokens=(9, 27), max_num_tokens=256), DRAFT,
+        World(ep_size=2, dp_size=2, group_tokens=(9, 27), max_num_tokens=256,
+              flashinfer=PINNED_RELEASES_GENERATION), DRAFT,
         "cuda-graph-buckets",
         ("ranks pass different runtimes [12, 36]",
          "a draft's by sglang/srt/speculative/eagle_draft_cuda_graph_runner.py:")),
@@ -135,7 +140,10 @@ def test_an_edit_of_the_padding_or_a_runner_fails_naming_the_function(tree, edit
     """The unmodified tree passes the step; the edited one fails it, and the counterexample
     names the SGLang function that produced the value."""
     (rel, old, new), world, ctx, key, words = EDITS[edit]
-    assert check_step(load_policy(f"sglang:{tree}")[1], key, world, ctx) is None
+    unmodified = load_policy(f"sglang:{tree}")[1]
+    ran = unmodified.step(world, ctx)
+    assert all(o.launch for o in ran), ran  # the step is judged, not passed for not running
+    assert check_step(unmodified, key, world, ctx) is None
     _edit(tree, rel, old, new)
     problem = check_step(load_policy(f"sglang:{tree}")[1], key, world, ctx)
     assert problem and all(w in problem for w in words), problem

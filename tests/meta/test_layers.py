@@ -15,7 +15,7 @@ LAYERS = {  # module prefix -> layer (lower is more basic)
     "dispatcher.sandbox.procs": 0,
     "dispatcher.model": 1, "dispatcher.engines": 1,
     "dispatcher.releases": 1, "dispatcher.sandbox.release_code": 1,
-    "dispatcher.sandbox.engine_tensors": 1,
+    "dispatcher.sandbox.engine_tensors": 1, "dispatcher.sandbox.wire": 1,
     "dispatcher.emulator": 2, "strategies": 2, "dispatcher.flashinfer": 2,
     "dispatcher.sandbox.standins": 2,
     "dispatcher.gpu": 3, **{f"dispatcher.{name}": 3 for name in ENGINES},  # an engine's folder
@@ -228,3 +228,17 @@ def test_a_folder_loop_of_one_layer_is_found(monkeypatch):
                        "dispatcher.sglang -> dispatcher.gpu.*sglang.standins -> "
                        "dispatcher.gpu.emulated"):
         test_no_folder_loop()
+
+
+MAX_ROOT_MODULES = 8  # users' face (sizing.py, policies.py ...); the rest lives in the layers' folders
+MAX_LINES = 450
+
+
+def test_the_root_is_small_and_no_module_is_long():
+    root = sorted(p.name for p in (SOURCE / "dispatcher").glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at the root of dispatcher/: {root}"
+    long = {str(p.relative_to(SOURCE)): n for folder in ("dispatcher", "strategies")
+            for p in (SOURCE / folder).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by what they do): {long}"
+

@@ -43,12 +43,12 @@ def _judged(spec):
 
     generation, why = runs_on(spec)
     assert generation is not None, why
-    with using(generation):
+    with using(generation):  # the generation the load probe executes the file against
         policy = load_policy(spec)[1]
-        for world in (World(ep_size=4, dp_size=4, group_tokens=(3, 5, 1, 2), max_num_tokens=16),
-                      World(ep_size=4, dp_size=2, group_tokens=(5, 9), max_num_tokens=16)):
-            world = properties.world_for(policy, world)
-            properties.check_all(world, properties.rule_values(policy, world, spec), spec)
+    for world in (World(ep_size=4, dp_size=4, group_tokens=(3, 5, 1, 2), max_num_tokens=16),
+                  World(ep_size=4, dp_size=2, group_tokens=(5, 9), max_num_tokens=16)):
+        world = properties.world_for(policy, world.on(generation))
+        properties.check_all(world, properties.rule_values(policy, world, spec), spec)
     return generation
 
 

@@ -3,7 +3,6 @@ bakes the runtime of the first step it sees on a workspace (as a CUDA graph bake
 passes every single step on a fresh object and fails the second step of a sequence."""
 import pytest
 
-from dispatcher.model.generations import using
 from dispatcher.model.properties import PropertyViolation, broken_columns
 from dispatcher.model.sequences import check_sequence, round_pairs
 from dispatcher.sizing import RankView, ideal_rule
@@ -47,14 +46,12 @@ def _at_risk(seq) -> bool:
 def test_the_cross_round_hazard_is_counted_between_rounds():
     """The ideal rule grows the layout with the batch: rows at risk on 0.7.2, between two
     consecutive rounds (that pair alone shows it), none on 0.7.4."""
-    with using("0.7.2"):
-        seq = first_in(visited(step_sequences(), 300), _at_risk)
-        assert seq is not None
-        pair = next(p for p in round_pairs(ideal_rule, seq) if any(p.risk))
-        assert _at_risk((seq[pair.before], seq[pair.after]))
-        assert check_sequence(ideal_rule, seq[:1]) == ()
-    with using("0.7.4"):
-        assert_no_examples(step_sequences(), _at_risk, 100)
+    seq = first_in(visited(step_sequences(flashinfer="0.7.2"), 300), _at_risk)
+    assert seq is not None
+    pair = next(p for p in round_pairs(ideal_rule, seq) if any(p.risk))
+    assert _at_risk((seq[pair.before], seq[pair.after]))
+    assert check_sequence(ideal_rule, seq[:1]) == ()
+    assert_no_examples(step_sequences(flashinfer="0.7.4"), _at_risk, 100)
 
 
 def test_the_cross_round_column_can_say_closed_and_exposed():
@@ -63,15 +60,14 @@ def test_the_cross_round_column_can_say_closed_and_exposed():
     shrunk to two rounds; on 0.7.4 the same rule is closed by layout."""
     from dispatcher import cross_round_verdicts as cross_round
 
-    with using("0.7.2"):  # the sequences the release tests' cells visit
-        seen = visited(cross_round.ONE_FORMAT, 150)
-        assert cross_round.first_exposed(lambda view: view.max_num_tokens, seen) is None
-        found = cross_round.search(ideal_rule, 100)
-        assert found.exposed and len(found.example) == 2, found
-        assert found.example[1].ideal_runtime > found.example[0].ideal_runtime
-        assert "rows at risk on FlashInfer 0.7.2" in found.detail
-    with using("0.7.4"):
-        assert cross_round.first_exposed(ideal_rule, visited(cross_round.ONE_FORMAT, 150)) is None
+    seen = visited(cross_round.one_format("0.7.2"), 150)  # what the release tests' cells visit
+    assert cross_round.first_exposed(lambda view: view.max_num_tokens, seen) is None
+    found = cross_round.search(ideal_rule, 100, flashinfer="0.7.2")
+    assert found.exposed and len(found.example) == 2, found
+    assert found.example[1].ideal_runtime > found.example[0].ideal_runtime
+    assert "rows at risk on FlashInfer 0.7.2" in found.detail
+    assert cross_round.first_exposed(ideal_rule, visited(cross_round.one_format("0.7.4"), 150)
+                                     ) is None
 
 
 KEEP_FIRST = ("            runtime_max_tokens_per_rank = x.shape[0]\n",

@@ -72,12 +72,11 @@ def test_undersized_caught_through_real_kernels(pools):
     """0.7.2 takes the undersized runtime and corrupts the output (caught by the compare);
     0.7.4 refuses it on the short ranks, reported in step (no rank left spinning)."""
     from dispatcher.gpu.rank_pool import RemoteMismatch, RemoteRefused
-    from dispatcher.model.generations import active
 
     pool = pools(2)
     world = World(ep_size=2, dp_size=2, group_tokens=(9, 9), max_num_tokens=64,
                   moe=MoeConfig(hidden_size=128, top_k=8, num_experts=8, routing="hot_rank"))
-    expected = RemoteRefused if active().checks_local_rows else RemoteMismatch
+    expected = RemoteRefused if world.generation.checks_local_rows else RemoteMismatch
     with pytest.raises(expected):
         pool.run(world, "dispatcher.mutants:undersized", bypass=True)
     pool.run(world, "dispatcher.sizing:ideal_rule")  # the pool is still healthy
@@ -140,13 +139,12 @@ def test_a_python_error_on_every_rank_keeps_the_pool(pools):
     kernel: the example fails with it and, every rank having answered with an idle device,
     the pool is kept (a rebuild costs seconds per failing example while Hypothesis shrinks)."""
     from dispatcher.gpu.rank_pool import RemoteError
-    from dispatcher.model.generations import active
 
     pool = pools(2)
     world = World(ep_size=2, dp_size=1, group_tokens=(4,), max_num_tokens=64)
     before = pool.restarts
     expected = ("ValueError|exceeds the allocation-time token capacity"
-                if active().checks_local_rows else "AssertionError")
+                if world.generation.checks_local_rows else "AssertionError")
     with pytest.raises(RemoteError, match=expected):
         pool.run(world, "ideal_rule", bypass=[65, 65])
     assert pool.restarts == before

@@ -20,7 +20,6 @@ from dispatcher.sglang.bug_classes import (  # noqa: E402
     describe_step,
     step_problem,
 )
-from dispatcher.model.generations import active  # noqa: E402
 from dispatcher.sglang.sequences import check_steps  # noqa: E402
 from strategies import sglang_sequences, sglang_steps  # noqa: E402
 
@@ -93,4 +92,4 @@ def test_engine_along_serving_sequences(engine, steps):
     hazards = check_steps(engine, steps, [k for k in BUGS if not _allowed(engine, k)])
     event(f"{len(steps)} steps, {sum(r is not None for r in hazards)} pairs of A2A rounds")
     if any(r is not None and any(r) for r in hazards):
-        event(f"cross-round on FlashInfer {active().version}: rows at risk")
+        event(f"cross-round on FlashInfer {steps[0][0].flashinfer}: rows at risk")

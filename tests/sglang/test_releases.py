@@ -14,7 +14,7 @@ NEEDS_TORCH = needs_torch(reason="SGLang's dispatcher needs torch: pip install t
                     "(the CPU build) or pip install -e '.[sglang]'")
 from dispatcher import cross_round_verdicts as cross_round  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
-from dispatcher.model.generations import PINNED_RELEASES_GENERATION, using  # noqa: E402
+from dispatcher.model.generations import PINNED_RELEASES_GENERATION  # noqa: E402
 from dispatcher.model.properties import COLUMNS, breaks  # noqa: E402
 from dispatcher.model.sglang_context import SGLangContext  # noqa: E402
 from dispatcher.model.world import MoeConfig, World  # noqa: E402
@@ -118,9 +118,9 @@ def test_release_cross_round_hazard(releases, version):
     """Every cell of the cross-round column: the release's own runtimes along sequences of one
     model's steps on one workspace let FlashInfer 0.7.2's layout grow over the previous
     round's combine input (found among the sequences the table's search visits first)."""
-    with using(PINNED_RELEASES_GENERATION):
-        hit = cross_round.first_exposed(releases[version],
-                                        visited(cross_round.ONE_FORMAT, CLASS_EXAMPLES))
+    hit = cross_round.first_exposed(
+        releases[version], visited(cross_round.one_format(PINNED_RELEASES_GENERATION),
+                                   CLASS_EXAMPLES))
     assert (hit is not None) == (cross_round.COLUMN in EXPECTED_HAZARDS[version]), hit
 
 

@@ -49,9 +49,9 @@ def releases(pinned_releases):
     return pinned_releases("vllm:{}"), pinned_releases("vllm:{}@two-sided")
 
 
-def on_its_generation(version: str):
+def its_generation(version: str) -> str:
     """The FlashInfer generation release ``version`` is judged on (the one whose API it calls)."""
-    return using(ENGINES["vllm"].judged_on(version))
+    return ENGINES["vllm"].judged_on(version)
 
 
 def test_the_table_covers_every_release():
@@ -63,9 +63,8 @@ def test_the_table_covers_every_release():
 def test_release_cross_round_hazard(releases, version):
     """Every one-sided cell of the cross-round column (the two-sided backend's kernels are
     not this A2A: "n/a")."""
-    with on_its_generation(version):
-        hit = cross_round.first_exposed(releases[0][version],
-                                        visited(cross_round.ONE_FORMAT, EXAMPLES))
+    hit = cross_round.first_exposed(releases[0][version], visited(
+        cross_round.one_format(ENGINES["vllm"].judged_on(version)), EXAMPLES))
     assert (hit is not None) == (EXPECTED_CROSS_ROUND[version] == "exposed"), hit
 
 
@@ -76,21 +75,20 @@ def _broken(release):
 @pytest.mark.parametrize("version", RELEASES)
 @pytest.mark.parametrize("regime", ONE_SEARCH_PER_REGIME)
 def test_one_sided_release_fails_exactly_its_regimes(releases, version, regime):
-    with on_its_generation(version):
-        hit = first_in(visited(vllm_worlds(regime), EXAMPLES), _broken(releases[0][version]))
+    hit = first_in(visited(vllm_worlds(regime, its_generation(version)), EXAMPLES),
+                   _broken(releases[0][version]))
     if regime in EXPECTED[version]:
         assert hit is not None, f"{version} fails in {regime}, but no world of {EXAMPLES} shows it"
     else:
-        with on_its_generation(version):
-            assert hit is None, f"{version} breaks {broken_columns(releases[0][version], hit)} on {hit!r}"
+        assert hit is None, f"{version} breaks {broken_columns(releases[0][version], hit)} on {hit!r}"
 
 
 @pytest.mark.parametrize("version", TWO_SIDED)
 @pytest.mark.parametrize("regime", [p for p in ONE_SEARCH_PER_REGIME
                                     if p.values[0] in TWO_SIDED_REGIMES])
 def test_two_sided_release_holds_every_property(releases, version, regime):
-    with on_its_generation(version):
-        hit = first_in(visited(vllm_worlds(regime), EXAMPLES), _broken(releases[1][version]))
+    hit = first_in(visited(vllm_worlds(regime, its_generation(version)), EXAMPLES),
+                   _broken(releases[1][version]))
     assert hit is None, f"{version}@two-sided breaks something on {hit!r}"
 
 
@@ -100,16 +98,15 @@ def test_pcp_without_dp_metadata_crashes_until_0_32(releases):
     prepare()'s ``get_local_sizes()`` met ``None``: AttributeError in 0.18, an assert from
     0.20; 0.32.0 falls back to ``a1.shape[0]`` ("PCP with DP=1")."""
     for version, release in releases[0].items():
-        with on_its_generation(version):
-            outs = release.step(PCP_WORLD)
+        world = PCP_WORLD.on(its_generation(version))
+        outs = release.step(world)
         if version in ("0.32.0", "0.33.0", "0.34.0"):
             assert [o.runtime for o in outs] == [1, 1], outs
             assert all(o.seen_local_sizes == "not read" for o in outs)
         else:
             assert all(o.error and o.error.startswith(("AttributeError", "AssertionError"))
                        for o in outs), outs
-            with on_its_generation(version):
-                assert broken_columns(release, PCP_WORLD) == ("no crash",)
+            assert broken_columns(release, world) == ("no crash",)
 
 
 def test_sequence_parallel_sizes_come_from_the_release_and_are_post_split(releases):
@@ -118,8 +115,7 @@ def test_sequence_parallel_sizes_come_from_the_release_and_are_post_split(releas
     the analogue of SGLang #25685)."""
     world = World(ep_size=4, dp_size=2, group_tokens=(5, 9), max_num_tokens=16)
     for version, release in releases[0].items():
-        with on_its_generation(version):
-            outs = release.step(world)
+        outs = release.step(world.on(its_generation(version)))
         assert [o.seen_local_sizes for o in outs] == [[3, 3, 5, 5]] * 4
         assert [o.runtime for o in outs] == [5] * 4
 
@@ -142,8 +138,10 @@ def test_a_lone_copy_of_either_backends_file_is_its_release(tmp_path, name, side
     source = next(cached.rglob(name))
     shutil.copy(source, tmp_path / name)
     spec = f"vllm:{tmp_path / name}{side}"
-    with using(ENGINES["vllm"].judged_on(newest)):
+    generation = its_generation(newest)
+    with using(generation):  # the generation the load probe executes the file against
         release = load_policy(spec)[1]
-        assert tree_of(tmp_path / name).origin.startswith(f"identical to vLLM {newest}'s")
-        world = World(ep_size=4, dp_size=4, group_tokens=(1, 2, 3, 4), max_num_tokens=8)
-        check_all(world, rule_values(release, world, spec), spec)
+    assert tree_of(tmp_path / name).origin.startswith(f"identical to vLLM {newest}'s")
+    world = World(ep_size=4, dp_size=4, group_tokens=(1, 2, 3, 4), max_num_tokens=8,
+                  flashinfer=generation)
+    check_all(world, rule_values(release, world, spec), spec)
