@@ -15,6 +15,11 @@ the repository root in a fresh process (plus the pytest arguments after ``--``):
   --policy=sglang:FILE`` with ``min`` for ``max`` in the sizing: time until the gate says no
   (every run must fail).
 
+- ``watch-sglang-file``: ``a2a-gate watch --policy=sglang:FILE`` on a copy of that file, one
+  process for all runs: each run saves the wrong edit and times the verdict (every one must
+  fail), then saves the harmless file back and times the verdict (every one must pass); from
+  the save to the verdict line, the watch's poll included. Its first, cold verdict is kept too.
+
 For ``whole`` and ``gate-sglang-file`` the critical path is kept from each run (a timeline
 plugin, ``suite_timeline.py``): the longest test and the busiest xdist worker (its tests' wall
 time summed). Figures: the median wall time with min and max; every run's pytest summary line.
@@ -106,6 +111,50 @@ def one_run(profile: str, args: list, timeout: float, log: Path = None) -> dict:
             **({"critical_path": path} if path else {}), **({"failed": failed[:5]} if failed else {})}
 
 
+def watch_runs(profile: str, files: dict, runs: int, timeout: float, log: Path = None) -> dict:
+    """One ``a2a-gate watch`` process: the cold first verdict, then per run the wrong save's and
+    the revert's time to verdict."""
+    import select
+
+    target = files["harmless"].parent.parent / "watched" / "flashinfer.py"
+    target.parent.mkdir(exist_ok=True)
+    harmless, wrong = files["harmless"].read_text(), files["wrong"].read_text()
+    target.write_text(harmless)
+    env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher.commands.cli", "watch",
+                             f"--policy=sglang:{target}", "-q"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
+    out = []
+
+    def verdict(since: float):
+        end = since + timeout
+        while time.perf_counter() < end:
+            if select.select([proc.stdout], [], [], 0.1)[0]:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                out.append(line)
+                if line.startswith("watch: verdict"):
+                    return round(time.perf_counter() - since, 1), line.split()[2]
+        raise RuntimeError("no verdict in time:\n" + "".join(out[-40:]))
+    try:
+        cold = verdict(time.perf_counter())
+        rounds = []
+        for _ in range(runs):
+            for text in (wrong, harmless):
+                time.sleep(0.5)  # a save after the watch is back to waiting
+                t = time.perf_counter()
+                target.write_text(text)
+                rounds.append(verdict(t))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    if log is not None:
+        log.write_text("".join(out))
+    return {"cold_first_verdict": cold, "wrong_save": [r for r in rounds[0::2]],
+            "revert": [r for r in rounds[1::2]]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -146,12 +195,24 @@ def main() -> int:
                            f"{' '.join(args + a.pytest_args)}".strip(),
                 "expected_exit": expect, "median_wall_s": statistics.median(walls),
                 "min_wall_s": min(walls), "max_wall_s": max(walls), "runs": runs}
+        if not a.only or "watch-sglang-file" in a.only:
+            w = watch_runs(a.profile, files, a.runs, a.timeout,
+                           logs / "watch-sglang-file.log" if logs else None)
+            figures["scenarios"]["watch-sglang-file"] = {
+                "command": f"HYPOTHESIS_PROFILE={a.profile} a2a-gate watch --policy=sglang:FILE",
+                **w, **{f"median_{k}_s": statistics.median(t for t, _ in w[k])
+                        for k in ("wrong_save", "revert")}}
+            print(f"watch-sglang-file: cold {w['cold_first_verdict']}, wrong saves "
+                  f"{w['wrong_save']}, reverts {w['revert']}", flush=True)
     print(json.dumps(figures, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(figures, indent=1) + "\n")
     ok = all(r["exit"] in (s["expected_exit"] if s["expected_exit"] else (0,))
              and (not s["expected_exit"] or " failed" in r["summary"])
-             for s in figures["scenarios"].values() for r in s["runs"])
+             for s in figures["scenarios"].values() for r in s.get("runs", ()))
+    w = figures["scenarios"].get("watch-sglang-file")
+    ok = ok and (w is None or (all(v == "FAIL" for _, v in w["wrong_save"])
+                               and all(v == "pass" for _, v in w["revert"])))
     return 0 if ok else 1
 
 

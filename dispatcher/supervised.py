@@ -46,7 +46,8 @@ from .policies import NAMED, PolicyError, runs_foreign_code, load_policy, load_t
 from .sandbox.procs import DROP_CWD, MAX_OUTPUT_BYTES, child_env, die_with_parent
 from .sandbox.wire import ForeignObject, _interned, _loads, _plain, _portable
 
-__all__ = ["load_supervised", "prestart", "SupervisedPolicy", "deadline_s", "PolicyProcessLost", "stop_all"]
+__all__ = ["load_supervised", "prestart", "SupervisedPolicy", "deadline_s", "PolicyProcessLost", "stop_all",
+           "forget_all"]
 
 _TAIL = 2000  # characters of the child's last output shown when it dies
 
@@ -307,6 +308,14 @@ def stop_all() -> None:
     """Kill every policy process this process started (at exit, and before a fast exit)."""
     for child in _LIVE:
         child.stop()
+
+
+def forget_all() -> None:
+    """Kill every policy process and forget them: the next load starts a fresh one (a watch's
+    next run, after an edit of the policy's files)."""
+    stop_all()
+    _LIVE.clear()
+    _BY_SPEC.clear()
 
 
 class SupervisedPolicy(RemotePolicy):

@@ -7,6 +7,7 @@
     a2a-gate verdicts [--engine sglang|vllm|all] [SPEC ...]           the verdict tables
     a2a-gate bisect --good REV --bad REV [--repo PATH] [--engine sglang|vllm] [-- PYTEST ARGS]
     a2a-gate canary [--release NAME:VERSION ...]   the newest releases on the index, judged
+    a2a-gate watch --policy=SPEC [PYTEST ARGS...]  a verdict on every save of the policy's files
 
 The suite runs from any directory, with the options, profiles, markers, xdist groups, exit
 codes and messages of ``pytest -n auto`` in a checkout: e.g. inside an SGLang checkout,
@@ -75,8 +76,14 @@ def _canary(args: List[str]) -> int:
     return canary(args)
 
 
+def _watch(args: List[str]) -> int:
+    from .watch import main as watch
+
+    return watch(args)
+
+
 COMMANDS = {"replay": _replay, "fetch": _fetch, "verdicts": _verdicts, "bisect": _bisect,
-            "canary": _canary}
+            "canary": _canary, "watch": _watch}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
