@@ -111,7 +111,8 @@ def one_run(profile: str, args: list, timeout: float, log: Path = None) -> dict:
             **({"critical_path": path} if path else {}), **({"failed": failed[:5]} if failed else {})}
 
 
-def watch_runs(profile: str, files: dict, runs: int, timeout: float, log: Path = None) -> dict:
+def watch_runs(profile: str, files: dict, runs: int, timeout: float, log: Path = None,
+               args: tuple = ()) -> dict:
     """One ``a2a-gate watch`` process: the cold first verdict, then per run the wrong save's and
     the revert's time to verdict."""
     import select
@@ -122,7 +123,7 @@ def watch_runs(profile: str, files: dict, runs: int, timeout: float, log: Path =
     target.write_text(harmless)
     env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "dispatcher.commands.cli", "watch",
-                             f"--policy=sglang:{target}", "-q"], cwd=ROOT, env=env, text=True,
+                             f"--policy=sglang:{target}", "-q", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
     out = []
 
@@ -197,9 +198,10 @@ def main() -> int:
                 "min_wall_s": min(walls), "max_wall_s": max(walls), "runs": runs}
         if not a.only or "watch-sglang-file" in a.only:
             w = watch_runs(a.profile, files, a.runs, a.timeout,
-                           logs / "watch-sglang-file.log" if logs else None)
+                           logs / "watch-sglang-file.log" if logs else None, tuple(a.pytest_args))
             figures["scenarios"]["watch-sglang-file"] = {
-                "command": f"HYPOTHESIS_PROFILE={a.profile} a2a-gate watch --policy=sglang:FILE",
+                "command": f"HYPOTHESIS_PROFILE={a.profile} a2a-gate watch --policy=sglang:FILE "
+                           f"{' '.join(a.pytest_args)}".strip(),
                 **w, **{f"median_{k}_s": statistics.median(t for t, _ in w[k])
                         for k in ("wrong_save", "revert")}}
             print(f"watch-sglang-file: cold {w['cold_first_verdict']}, wrong saves "

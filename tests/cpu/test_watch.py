@@ -26,7 +26,7 @@ SAME_ON_EVERY_RANK = CHECKS + "::test_property[rank-invariant]"  # the one WRONG
 def _start(folder: Path, *args: str, checks: str = CHECKS) -> subprocess.Popen:
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(SOURCE), *rest]),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     return subprocess.Popen([sys.executable, "-m", "dispatcher.commands.cli", "watch",
                              "--policy=a2a_watched:rule", "--poll-s=0.05", *args, "-q", checks],
                             cwd=folder, env=env, stdout=subprocess.PIPE,
@@ -97,7 +97,15 @@ def test_ctrl_c_in_a_run_ends_the_watch_and_leaves_no_process(tmp_path):
         spawned |= _descendants(proc.pid)
         assert spawned, "the policy's process never started"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=8) == watching.INTERRUPTED
+        try:
+            code = proc.wait(timeout=15)  # 1-2 s on 2 busy cores; bounded where it is not
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack
+            time.sleep(1)
+            proc.kill()
+            raise AssertionError("the watch did not end within 15 s of Ctrl-C:\n"
+                                 + "".join(seen) + proc.stdout.read()[-6000:]) from None
+        assert code == watching.INTERRUPTED
     finally:
         proc.kill()
     left = {p for p in spawned if Path(f"/proc/{p}").exists()
