@@ -30,7 +30,15 @@ def _start(folder: Path, *args: str, checks: str = CHECKS) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "dispatcher.commands.cli", "watch",
                              "--policy=a2a_watched:rule", "--poll-s=0.05", *args, "-q", checks],
                             cwd=folder, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            preexec_fn=_as_from_a_terminal)
+
+
+def _as_from_a_terminal() -> None:
+    """Ctrl-C reaches the watch as it does in a terminal, also where this suite runs as a
+    background job of a script (which starts with SIGINT ignored, and a Python started so
+    keeps it ignored: no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _until(proc: subprocess.Popen, word: str, seen: list, timeout_s: float = 8.0) -> str:
@@ -87,7 +95,7 @@ def _descendants(pid: int) -> set:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_ctrl_c_in_a_run_ends_the_watch_and_leaves_no_process(tmp_path):
     (tmp_path / "a2a_watched.py").write_text(SLOW)
-    proc, seen, spawned = _start(tmp_path), [], set()
+    proc, seen, spawned = _start(tmp_path, "--rule-budget-ms=1000"), [], set()  # not a slow rule
     try:
         end = time.monotonic() + 8
         while time.monotonic() < end and not spawned:  # a run is on: the policy's process is up
