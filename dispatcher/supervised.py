@@ -52,10 +52,11 @@ __all__ = ["load_supervised", "prestart", "SupervisedPolicy", "deadline_s", "Pol
 _TAIL = 2000  # characters of the child's last output shown when it dies
 
 
-def deadline_s() -> float:
-    """Seconds one request (every rank of one world, or one engine method) may take before the
-    child running the policy is killed (the child's own timer stops it at twice the limit)."""
-    return 2 * CALL_TIMEOUT.now + 1.0
+def deadline_s(who: str = "") -> float:
+    """Seconds one request (every rank of one world, or one engine method) of the policy
+    ``who`` may take before the child running it is killed (the child's own timer stops it at
+    twice the limit)."""
+    return 2 * CALL_TIMEOUT.now_for(who) + 1.0
 
 
 class PolicyProcessLost(BaseException):
@@ -88,7 +89,7 @@ def _serve(fd_in: int, fd_out: int, spec: str) -> None:
             return
         op, generation, seconds, budget, args = request
         args = _interned(args)
-        CALL_TIMEOUT.seconds, CALL_TIMEOUT.tripped = seconds, False
+        CALL_TIMEOUT.seconds = seconds  # the parent's limit for this policy, tripped or not
         properties.RULE_BUDGET.seconds = budget
         try:
             with using(generation), guarded(2 * seconds):  # one timer for the whole request
@@ -227,16 +228,17 @@ class _Child:
 
     def request(self, op: str, *args, what: str = "a call"):
         self.await_ready()
-        message = (op, active().version, CALL_TIMEOUT.now, properties.RULE_BUDGET.seconds, args)
+        message = (op, active().version, CALL_TIMEOUT.now_for(self.spec),
+                   properties.RULE_BUDGET.seconds, args)
         try:
             self.tx.send_bytes(pickle.dumps(message))
         except OSError:  # the child closed its end (or died): it is reported below
             pass
-        status, payload = self._receive(deadline_s(), what)
+        status, payload = self._receive(deadline_s(self.spec), what)
         if status == "raise":
             raise payload
-        if status == "hung":  # its timer stopped a call: later calls get the short limit
-            CALL_TIMEOUT.tripped = True
+        if status == "hung":  # its timer stopped a call: its later calls get the short limit
+            CALL_TIMEOUT.trip(self.spec)
             raise _Hung(payload)
         return payload
 
@@ -261,7 +263,7 @@ class _Child:
             if time.monotonic() > deadline:
                 tail = self.tail()
                 self.stop()
-                CALL_TIMEOUT.tripped = True
+                CALL_TIMEOUT.trip(self.spec)
                 raise _Timeout(seconds, what, tail)
         try:
             code = self.proc.wait(timeout=5)

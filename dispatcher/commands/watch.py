@@ -146,7 +146,10 @@ def run_pytest(spec: str, args: Sequence[str]) -> int:
     from .. import supervised
     from .runner import suite_args
 
+    from ..model.guard import CALL_TIMEOUT
+
     supervised.forget_all()  # no process loaded from an earlier state answers
+    CALL_TIMEOUT.tripped_by.clear()  # an edit that ends a hang gets the whole limit again
     try:
         # a second session in one process finds Hypothesis imported: pytest says it cannot
         # rewrite its asserts again, which the suite never needs (its own modules are rewritten)

@@ -22,7 +22,7 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["GateInterrupt", "PolicyExited", "PolicyForked", "CallTimedOut", "CALL_TIMEOUT",
            "guarded"]
@@ -52,17 +52,21 @@ class CallTimedOut(GateInterrupt):
 
 @dataclass
 class CallTimeout:
-    """Seconds one call into the policy may take (``--rule-timeout-s``). Once a call has been
-    stopped, later calls get at most ``after_trip`` seconds: shrinking a hang replays it many
-    times, and each replay need not wait the whole limit again to show it."""
+    """Seconds one call into the policy may take (``--rule-timeout-s``). Once a call of a policy
+    has been stopped, later calls of that policy get at most ``after_trip`` seconds: shrinking a
+    hang replays it many times, and each replay need not wait the whole limit again to show it.
+    Other policies keep the whole limit (a test of another policy in the same process, whose
+    first call may be slow on a loaded machine, is never stopped for the first one's hang)."""
 
     seconds: float = 10.0
     after_trip: float = 1.0
-    tripped: bool = False
+    tripped_by: set = field(default_factory=set)  # the policies (by name) a timer stopped
 
-    @property
-    def now(self) -> float:
-        return min(self.seconds, self.after_trip) if self.tripped else self.seconds
+    def now_for(self, who: str = "") -> float:
+        return min(self.seconds, self.after_trip) if who in self.tripped_by else self.seconds
+
+    def trip(self, who: str = "") -> None:
+        self.tripped_by.add(who)
 
     MAX_SECONDS = 86_400.0  # a day: more is no time limit (and past what the timer takes)
 
@@ -100,20 +104,34 @@ if hasattr(os, "register_at_fork"):
 
 
 @contextmanager
-def guarded(seconds: float = None):
-    """Guard the calls inside; ``seconds``: the timer's limit (default ``CALL_TIMEOUT.now``).
-    Inside another guarded block the outer timer goes on (it is not re-armed per call)."""
+def guarded(seconds: float = None, who: str = ""):
+    """Guard the calls inside; ``seconds``: the timer's limit (default: ``CALL_TIMEOUT``'s for
+    the policy ``who``). Inside another guarded block the outer timer goes on (it is not
+    re-armed per call). Where the timer fired, the call is stopped: ``CallTimedOut``, also where
+    its exception did not come out as raised (swallowed by the policy's own ``except``, or in a
+    weakref callback, or turned into a ``SystemError`` inside a C call such as ``ast``'s)."""
     import posix
 
     saved = os._exit, posix._exit
     os._exit = posix._exit = _refuse_exit
-    armed, previous = _arm(CALL_TIMEOUT.now if seconds is None else seconds)
+    limit = CALL_TIMEOUT.now_for(who) if seconds is None else seconds
+    fired = []
+    armed, previous = _arm(limit, who, fired)
     _CALL["depth"] += 1
     forks = _CALL["forks"]
     try:
         yield
         if _CALL["forks"] != forks:
             raise PolicyForked(_CALL["forks"] - forks)
+    except (GateInterrupt, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        if fired:
+            raise CallTimedOut(limit) from exc
+        raise
+    else:
+        if fired:
+            raise CallTimedOut(limit)
     finally:
         _CALL["depth"] -= 1
         if armed:
@@ -122,14 +140,16 @@ def guarded(seconds: float = None):
         os._exit, posix._exit = saved
 
 
-def _arm(seconds: float):
+def _arm(seconds: float, who: str = "", fired: list = None):
     """Arm the timer: (armed, the SIGALRM handler to put back)."""
     if (threading.current_thread() is not threading.main_thread()
             or not hasattr(signal, "setitimer") or signal.getitimer(signal.ITIMER_REAL)[0]):
         return False, None
 
     def expired(signum, frame):
-        CALL_TIMEOUT.tripped = True
+        CALL_TIMEOUT.trip(who)
+        if fired is not None:
+            fired.append(True)
         raise CallTimedOut(seconds)
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)

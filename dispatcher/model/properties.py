@@ -171,7 +171,7 @@ def _call(policy, view, world, values, name):
     if real is not POLICY_OUTPUT:
         POLICY_OUTPUT.target, sys.stdout = real, POLICY_OUTPUT
     try:
-        with guarded():
+        with guarded(who=name):
             value = policy(view)
     except PolicyExited as exc:
         raise RuleCrashed(f"[rule crashed] {name} called os._exit({shown(exc.code)}) on EP rank "
