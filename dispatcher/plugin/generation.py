@@ -4,6 +4,7 @@ session's default is set; worlds then carry their own, ``generations.active()``)
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -13,15 +14,23 @@ __all__ = ["judged_on", "choose_generation", "flashinfer_version"]
 
 
 def judged_on(spec: str):
-    """The generation a pinned engine release named by version in ``spec`` is judged on
-    (``Engine.judged_on``: the one whose API it calls), else None."""
+    """The generation a pinned engine release is judged on (``Engine.judged_on``: the one whose
+    API it calls), where ``spec`` names it by version or is a lone file byte-identical to its
+    file (it runs that release's code: ``releases/companions.py``), else None."""
     from dispatcher.engines import engine_of_spec
+    from dispatcher.releases.companions import identical_release
 
     engine = engine_of_spec(spec)
-    version = spec.partition(":")[2].partition("@")[0]
-    if engine is None or version not in engine.releases:
+    if engine is None:
         return None
-    return engine.judged_on(version)
+    target = spec.partition(":")[2].partition("@")[0]
+    if target in engine.releases:
+        return engine.judged_on(target)
+    path = Path(target).expanduser()
+    if path.suffix == ".py" and path.is_file():
+        release = identical_release(engine.module("fetch").PACKAGE, path, engine.releases)
+        return engine.judged_on(release) if release else None
+    return None
 
 
 def choose_generation(asked, spec: str = DEFAULT_POLICY) -> None:

@@ -336,14 +336,21 @@ def _rel_version(root: Path, version_files: Sequence[str]) -> str:
     return next((rel for rel in version_files if (root / rel).is_file()), "")
 
 
-def _lone(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequence[str],
-          engine: str) -> Companions:
+def identical_release(package: Package, main: Path, pinned: Sequence[str]) -> Optional[str]:
+    """The newest pinned release one of whose kept files of ``main``'s name (a backend's) is
+    byte-identical to the lone file ``main``, else None (read from the pins: nothing fetched)."""
     digest = sha256(main)
     pins = package.pins
-    same = [v for v in pinned  # any of the release's kept files of that name (a backend's)
+    same = [v for v in pinned
             if any(d == digest and Path(rel).name == main.name
                    for rel, d in pins.get(v, {}).get("files", {}).items())]
-    release = same[-1] if same else pinned[-1]
+    return same[-1] if same else None
+
+
+def _lone(package: Package, main: Path, needed: Sequence[Needed], pinned: Sequence[str],
+          engine: str) -> Companions:
+    same = identical_release(package, main, pinned)
+    release = same or pinned[-1]
     try:
         root = package.root_of(package.fetch_release(release))
     except ReleaseError as exc:

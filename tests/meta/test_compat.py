@@ -1,5 +1,7 @@
 """The engine x FlashInfer table in docs/flashinfer.md is what the code says today: every pinned
 release's own file, run on each generation's API as its source defines it."""
+from pathlib import Path
+
 import pytest
 
 from .. import SOURCE, needs_torch
@@ -57,3 +59,28 @@ def test_a_pinned_release_runs_on_its_generation_where_none_is_installed_or_aske
     assert _judged_on("vllm:0.34.0") == _judged_on("vllm:0.34.0@two-sided") == "0.7.4"
     assert _judged_on("vllm:0.33.0") == _judged_on("sglang:0.5.23") == "0.7.2"
     assert _judged_on("prefix_rule") is _judged_on("vllm:/some/checkout") is None
+
+
+def test_a_lone_copy_of_a_pinned_releases_file_runs_on_that_releases_generation(tmp_path):
+    """A lone file byte-identical to 0.34.0's runs 0.34.0's code (its companions), so it is
+    judged on 0.34.0's generation, as ``vllm:0.34.0`` is (it failed every test on 0.7.2 with
+    the compatibility TypeError); an edited copy is a file of no release: the session's."""
+    import shutil
+
+    from dispatcher.plugin.generation import judged_on as _judged_on
+    from dispatcher.vllm import fetch
+
+    root = fetch.PACKAGE.root_of(fetch.PACKAGE.fetch_release("0.34.0"))
+    for side, rel in (("", fetch.ONE_SIDED[0]), ("@two-sided", fetch.TWO_SIDED[0])):
+        copy = tmp_path / side.strip("@") / Path(rel).name
+        copy.parent.mkdir(exist_ok=True)
+        shutil.copy(root / rel, copy)
+        assert _judged_on(f"vllm:{copy}{side}") == "0.7.4", rel
+        copy.write_text(copy.read_text() + "# edited\n")
+        assert _judged_on(f"vllm:{copy}{side}") is None
+    sglang = tmp_path / "flashinfer.py"
+    from dispatcher.sglang import fetch as sglang_fetch
+
+    shutil.copy(sglang_fetch.PACKAGE.root_of(sglang_fetch.PACKAGE.fetch_release("0.5.23"))
+                / sglang_fetch.RELEASE_FILE, sglang)
+    assert _judged_on(f"sglang:{sglang}") == "0.7.2"
