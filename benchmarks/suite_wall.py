@@ -123,15 +123,16 @@ def watch_runs(profile: str, files: dict, runs: int, timeout: float, log: Path =
     target.write_text(harmless)
     env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "dispatcher.commands.cli", "watch",
-                             f"--policy=sglang:{target}", "-q", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
+                             f"--policy=sglang:{target}", "-q", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
+    # unbuffered: a readline never takes more than its line, so select() sees every line after it
     out = []
 
     def verdict(since: float):
         end = since + timeout
         while time.perf_counter() < end:
             if select.select([proc.stdout], [], [], 0.1)[0]:
-                line = proc.stdout.readline()
+                line = proc.stdout.readline().decode("utf-8", "replace")
                 if not line:
                     break
                 out.append(line)

@@ -1,15 +1,16 @@
 """``a2a-gate watch --policy=SPEC [PYTEST ARGS...]``: a verdict on every save.
 
-One pytest process stays up between runs (torch, Hypothesis, the suite's modules and the
-plugin imported once); each time a file the policy reads changes, the checks of that policy
-run again in it (``-x``: the first counterexample ends the run and is printed at once). A
-verdict is never stale:
+Warm test processes stay up between runs (``watch_workers``: one per CPU, or ``--workers N``;
+torch, Hypothesis, the suite's modules and the plugin imported once). Each time a file the
+policy reads changes, the checks of that policy run again across them, side by side (``-x``:
+the first counterexample ends the run and is printed at once). A verdict is never stale:
 
 - the files are found again (after any change of one of them) and re-read and re-hashed
   before every run: an engine file or
   tree's dispatcher file and every file its own code comes from (``Tree.companions``, and
   vLLM's modules run beside it), a rule module's file (a package's: every file in it);
-- the policy's process is started afresh for every run (``supervised.forget_all``): no code
+- the policy's processes are started afresh for every run (``supervised.forget_all``), and a
+  rank pool a run takes was started after the last run, no policy code loaded in it: no code
   loaded from an earlier state answers;
 - a save is judged once it is over (the hashes equal on two polls in a row), never half-written;
 - a file that changes while a run reads it makes the verdict "of the files as they were" and
@@ -17,12 +18,13 @@ verdict is never stale:
 - each run's header says what was re-read (files, their hashes) and what was re-used.
 
 It ends on Ctrl-C (exit 130) or after ``--idle-timeout-s`` without a change (exit status of
-the last verdict), leaving no process behind: the policy's processes are killed, and the run
-is one process (``-n 0``: xdist workers would be started again on every run).
+the last verdict), leaving no process behind: the test processes are asked to end (their
+pools and policy processes closed) and killed where they do not.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -32,10 +34,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["main", "watched_files", "fingerprint", "watch", "WatchError"]
 
-USAGE = ("usage: a2a-gate watch --policy=SPEC [--runs N] [--poll-s S] [--idle-timeout-s S] "
-         "[PYTEST ARGS...]")
+USAGE = ("usage: a2a-gate watch --policy=SPEC [--workers N|auto] [--runs N] [--poll-s S] "
+         "[--idle-timeout-s S] [PYTEST ARGS...]")
 INTERRUPTED = 130
-PYTEST_INTERRUPTED = 2  # pytest.ExitCode.INTERRUPTED
 
 
 class WatchError(ValueError):
@@ -101,6 +102,11 @@ class Options:
     runs: Optional[int] = None  # stop after this many verdicts (None: until Ctrl-C or idle)
     poll_s: float = 0.2
     idle_timeout_s: float = 3600.0
+    workers: int = 0  # warm test processes (0: one per CPU this process may use)
+
+    def processes(self) -> int:
+        return self.workers or max(1, len(os.sched_getaffinity(0)) if hasattr(
+            os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def _parse(args: List[str]) -> Tuple[str, Options, List[str]]:
@@ -108,7 +114,7 @@ def _parse(args: List[str]) -> Tuple[str, Options, List[str]]:
     it = iter(args)
     for a in it:
         name, eq, value = a.partition("=")
-        if name in ("--policy", "--runs", "--poll-s", "--idle-timeout-s"):
+        if name in ("--policy", "--runs", "--poll-s", "--idle-timeout-s", "--workers"):
             if not eq:
                 value = next(it, None)
                 if value is None:
@@ -119,6 +125,10 @@ def _parse(args: List[str]) -> Tuple[str, Options, List[str]]:
                 elif name == "--runs":
                     opts.runs = int(value)
                     if opts.runs < 1:
+                        raise ValueError
+                elif name == "--workers":
+                    opts.workers = 0 if value == "auto" else int(value)
+                    if not 0 <= opts.workers <= 256:
                         raise ValueError
                 elif name == "--poll-s":
                     opts.poll_s = float(value)
@@ -131,33 +141,13 @@ def _parse(args: List[str]) -> Tuple[str, Options, List[str]]:
             except ValueError:
                 raise WatchError(f"{name}={value}: out of range\n{USAGE}") from None
         elif name in ("-n", "--numprocesses") or a.startswith("-n"):
-            raise WatchError("watch runs in one process (xdist workers would start again on "
-                             f"every run): leave -n out\n{USAGE}")
+            raise WatchError("watch keeps its own warm test processes (xdist workers would "
+                             f"start again on every run): leave -n out, use --workers\n{USAGE}")
         else:
             rest.append(a)
     if not spec:
         raise WatchError(f"--policy=SPEC names what to watch\n{USAGE}")
     return spec, opts, rest
-
-
-def run_pytest(spec: str, args: Sequence[str]) -> int:
-    """One run of the policy's checks in this process, the policy's own process fresh."""
-    import pytest
-
-    from .. import supervised
-    from ..model.guard import CALL_TIMEOUT
-    from .runner import suite_args
-
-    supervised.forget_all()  # no process loaded from an earlier state answers
-    CALL_TIMEOUT.tripped_by.clear()  # an edit that ends a hang gets the whole limit again
-    try:
-        # a second session in one process finds Hypothesis imported: pytest says it cannot
-        # rewrite its asserts again, which the suite never needs (its own modules are rewritten)
-        return int(pytest.main(suite_args(args=[
-            *args, f"--policy={spec}", "-x", "-n", "0", "-p", "no:cacheprovider",
-            "-W", "ignore::pytest.PytestAssertRewriteWarning"])))
-    finally:
-        supervised.forget_all()
 
 
 SETTLE_POLLS = 25  # a save still being written after this many polls is run as it reads
@@ -179,11 +169,32 @@ def _short(prints: Dict[Path, Optional[str]]) -> str:
     return ", ".join(f"{p.name} {h[:12] if h else '(missing)'}" for p, h in prints.items())
 
 
+REUSED = ("re-used: {n} warm test processes (torch, Hypothesis, the suite's modules; the "
+          "pools and GPU driver they started after the last run, no policy code run in them); "
+          "started fresh: the policy's processes")
+
+
 def watch(spec: str, args: Sequence[str], opts: Options,
-          run: Callable[[str, Sequence[str]], int] = run_pytest,
+          run: Optional[Callable[[str, Sequence[str]], int]] = None,
           say: Callable[[str], None] = print, clock=time.monotonic, sleep=time.sleep) -> int:
     """Run the checks of ``spec`` now and on every change of a file it reads; the exit status
-    of the last verdict (``INTERRUPTED`` on Ctrl-C)."""
+    of the last verdict (``INTERRUPTED`` on Ctrl-C). ``run``: one run's verdict (by default
+    across ``opts.processes()`` warm test processes, ``watch_workers``)."""
+    workers = None
+    if run is None:
+        from .watch_workers import Workers
+
+        workers = Workers(opts.processes(), say)
+        run = workers.run
+    try:
+        return _watch(spec, args, opts, run, say, clock, sleep,
+                      REUSED.format(n=workers.count) if workers else "re-used: this process")
+    finally:
+        if workers is not None:
+            workers.close()
+
+
+def _watch(spec, args, opts, run, say, clock, sleep, reused: str) -> int:
     last, verdicts, code, idle_since, refused, files = None, 0, 0, None, None, ()
     try:
         while True:
@@ -212,13 +223,10 @@ def watch(spec: str, args: Sequence[str], opts: Options,
             idle_since = None
             prints = _settled(files, prints, opts, sleep)
             say(f"watch: run {verdicts + 1} of {spec}: re-read {len(files)} files "
-                f"({_short(prints)}); re-used: this process (torch, Hypothesis, the suite's "
-                f"modules); started fresh: the policy's process")
+                f"({_short(prints)}); {reused}")
             t0 = clock()
             code = run(spec, args)
             took = clock() - t0
-            if code == PYTEST_INTERRUPTED:  # Ctrl-C inside the run: pytest caught it
-                raise KeyboardInterrupt
             after = fingerprint(files)
             verdicts += 1
             word = "pass" if code == 0 else "FAIL" if code == 1 else f"exit {code}"
@@ -233,9 +241,6 @@ def watch(spec: str, args: Sequence[str], opts: Options,
             if opts.runs is not None and verdicts >= opts.runs:
                 return code
     except KeyboardInterrupt:
-        from .. import supervised
-
-        supervised.forget_all()
         say("watch: stopped (Ctrl-C)")
         return INTERRUPTED
 

@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 from ..sandbox.standins import MODULE_TABLE
 
-__all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused"]
+__all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused", "TAKEN"]
 
 
 def _pool(ep_size: int) -> Callable[..., object]:
@@ -68,6 +68,7 @@ def pinned_worker(group: str, workers: int) -> Optional[str]:
 
 
 _STARTED: Dict[str, tuple] = {}
+TAKEN: set = set()  # the names taken in this process (a watch's test process starts them afresh)
 _LOCK = threading.Lock()
 
 
@@ -101,6 +102,7 @@ def start_for(worker: str, workers: int, groups: Iterable[str], usable: Callable
 def take(name: str, resolve=None):
     """The resource, started earlier or now (with ``resolve``); its start's error is raised
     here."""
+    TAKEN.add(name)
     with _LOCK:
         entry = _STARTED.pop(name, None)
     if entry is None:

@@ -376,10 +376,12 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_finish(session):
-    """In an xdist worker: start, in the background, the costly resources of the groups pinned
-    to it that have a test to run here (``dispatcher.gpu.warm``)."""
+    """Start, in the background, the costly resources (``dispatcher.gpu.warm``) of the groups
+    that have a test to run here: in an xdist worker, those pinned to it; in a process that
+    runs its tests itself (``-n 0``, a watch's test process), every one."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if not worker or not getattr(session.config.option, "loadgroup", False):
+    alone = not worker and not _has_workers(session.config) and _OPEN_CONFIGS[:1] == [session.config]
+    if not alone and not (worker and getattr(session.config.option, "loadgroup", False)):
         return
     from dispatcher.gpu import warm
 
@@ -391,6 +393,10 @@ def pytest_collection_finish(session):
             groups[name] = groups.get(name, False) or (uses and not item.stash.get(_UNAVAILABLE, ""))
     from dispatcher.policies import load_policy  # how the pools' ranks load the --policy spec
 
+    if alone:
+        for group in (g for g in warm.PINNED if groups.get(g)):
+            warm.start(group, resolve=load_policy)
+        return
     warm.start_for(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), groups,
                    lambda group: groups[group], resolve=load_policy)
 

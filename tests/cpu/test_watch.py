@@ -30,7 +30,7 @@ def _start(folder: Path, *args: str, checks: str = CHECKS) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "dispatcher.commands.cli", "watch",
                              "--policy=a2a_watched:rule", "--poll-s=0.05", *args, "-q", checks],
                             cwd=folder, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            stderr=subprocess.STDOUT, bufsize=0,  # unbuffered: see _until
                             preexec_fn=_as_from_a_terminal)
 
 
@@ -42,12 +42,14 @@ def _as_from_a_terminal() -> None:
 
 
 def _until(proc: subprocess.Popen, word: str, seen: list, timeout_s: float = 8.0) -> str:
-    """The output up to the first line holding ``word`` (every wait bounded)."""
+    """The output up to the first line holding ``word`` (every wait bounded). The pipe is
+    unbuffered: a buffered readline could take the next lines too, which select() then never
+    reports (the watch prints its summary and its verdict line at once)."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         ready, _, _ = select.select([proc.stdout], [], [], 0.1)
         if ready:
-            line = proc.stdout.readline()
+            line = proc.stdout.readline().decode("utf-8", "replace")
             if not line:
                 break
             seen.append(line)
@@ -112,14 +114,14 @@ def test_ctrl_c_in_a_run_ends_the_watch_and_leaves_no_process(tmp_path):
             time.sleep(1)
             proc.kill()
             raise AssertionError("the watch did not end within 15 s of Ctrl-C:\n"
-                                 + "".join(seen) + proc.stdout.read()[-6000:]) from None
+                                 + "".join(seen) + proc.stdout.read().decode("utf-8", "replace")[-6000:]) from None
         assert code == watching.INTERRUPTED
     finally:
         proc.kill()
     left = {p for p in spawned if Path(f"/proc/{p}").exists()
             and Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[0] != "Z"}
     assert not left, f"processes left after Ctrl-C: {left}"
-    assert "watch: stopped (Ctrl-C)" in proc.stdout.read()
+    assert "watch: stopped (Ctrl-C)" in proc.stdout.read().decode("utf-8", "replace")
 
 
 def test_an_edit_of_a_file_the_engines_code_comes_from_is_seen(tmp_path):

@@ -1,0 +1,70 @@
+"""The watch's warm test processes: the share of the checks (every test once, the longest spread
+first), the first failure ending the run, and a process that dies started again."""
+import os
+import signal
+import threading
+
+import pytest
+
+from dispatcher.commands import watch_process as wp, watch_workers as ww
+
+from .test_watch import CHECKS, GOOD, SAME_ON_EVERY_RANK, WRONG
+
+
+def test_the_longest_go_first_each_to_the_least_loaded_process():
+    durations = {"a": 5.0, "b": 4.0, "c": 3.0, "d": 2.0, "e": 2.0}
+    planned = ww.plan(durations, 2)
+    assert planned == {"a": 0, "b": 1, "c": 1, "d": 0, "e": 0}  # loads 9 and 7
+
+
+def test_a_unit_never_timed_goes_by_its_name_and_a_stale_plan_is_not_trusted():
+    assert wp.owner("x::t", {}, 3) == wp.owner("x::t", {}, 3) in range(3)
+    assert wp.owner("x::t", {"x::t": 7}, 3) == wp.owner("x::t", {}, 3)  # once run on 8
+    assert wp.owner("x::t", {"x::t": 1}, 3) == 1
+
+
+@pytest.fixture
+def rule_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rest = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), rest) if p))
+    return tmp_path
+
+
+def test_every_check_runs_once_across_the_processes_and_a_failure_ends_the_run(rule_folder):
+    rule = rule_folder / "a2a_shared.py"
+    rule.write_text(GOOD)
+    said = []
+    workers = ww.Workers(2, said.append)
+    try:
+        assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 0
+        assert said[-1].startswith("5 passed in "), said  # the 5 property tests, each once
+        assert len({u for u in workers.durations if "test_property" in u}) == 5
+        rule.write_text(WRONG)
+        said.clear()
+        assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 1
+        assert "PropertyViolation" in said[0] and said[1].startswith("FAILED tests/cpu/")
+        assert workers.failed  # it goes first next time
+        rule.write_text(GOOD)
+        assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 0  # the stopped one drained
+    finally:
+        workers.close()
+    assert all(p is None for p in workers.procs)
+
+
+def test_a_process_that_dies_fails_that_run_and_is_started_again(rule_folder):
+    (rule_folder / "a2a_dying.py").write_text(GOOD)
+    said = []
+    workers = ww.Workers(1, said.append)
+    args = ["-q", SAME_ON_EVERY_RANK]  # a run of ~1 s: collection, the policy's load, one test
+    try:
+        first = workers.run("a2a_dying:rule", args)
+        assert first == 0, said
+        victim = workers.procs[0].proc.pid
+        threading.Timer(0.3, os.killpg, (victim, signal.SIGKILL)).start()  # mid-run
+        assert workers.run("a2a_dying:rule", args) == 3
+        assert any("test process 0 died during the run" in line for line in said), said
+        assert workers.run("a2a_dying:rule", args) == 0
+        assert workers.procs[0].proc.pid != victim
+    finally:
+        workers.close()
