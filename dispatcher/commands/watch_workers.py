@@ -237,8 +237,9 @@ class Workers:
                 if event[0] == "failed":
                     self.say(event[2])
                     for j, q in enumerate(self.procs):
-                        if q is not None and q.busy == run and j != i:
-                            q.tx.send("stop")
+                        if q is not None and q.busy == run:  # the finder ends its run too
+                            if j != i:
+                                q.tx.send("stop")
                             q.told_stop = time.monotonic()
                     self.say(f"FAILED {event[1]} (the first counterexample, in "
                              f"{time.monotonic() - t0:.1f} s; the other test processes stop)")

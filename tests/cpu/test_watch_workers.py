@@ -45,8 +45,10 @@ def test_every_check_runs_once_across_the_processes_and_a_failure_ends_the_run(r
         assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 1
         assert "PropertyViolation" in said[0] and said[1].startswith("FAILED tests/cpu/")
         assert workers.failed  # it goes first next time
+        pids = [p.proc.pid for p in workers.procs]
         rule.write_text(GOOD)
-        assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 0  # the stopped one drained
+        assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 0  # the stopped ones drained
+        assert [p.proc.pid for p in workers.procs] == pids, said  # none killed, none cold
     finally:
         workers.close()
     assert all(p is None for p in workers.procs)
