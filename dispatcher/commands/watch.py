@@ -170,8 +170,8 @@ def _short(prints: Dict[Path, Optional[str]]) -> str:
 
 
 REUSED = ("re-used: {n} warm test processes (torch, Hypothesis, the suite's modules; the "
-          "pools and GPU driver they started after the last run, no policy code run in them); "
-          "started fresh: the policy's processes")
+          "pools, GPU driver and policy processes they started after the last run, no policy "
+          "code read or run in them); loaded fresh: the policy, in each of its processes")
 
 
 def watch(spec: str, args: Sequence[str], opts: Options,

@@ -174,6 +174,9 @@ def serve(fd_in: int, fd_out: int) -> None:
             tx.send(("done", job.run, code, durations, counts, stopped))
             if not closing:
                 _prepare_next(taken)
+                from .. import supervised
+
+                supervised.prewarm(job.spec)  # the next run's policy process, nothing loaded
     except (KeyboardInterrupt, EOFError, OSError):
         pass
     finally:

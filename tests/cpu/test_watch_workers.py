@@ -70,3 +70,25 @@ def test_a_process_that_dies_fails_that_run_and_is_started_again(rule_folder):
         assert workers.procs[0].proc.pid != victim
     finally:
         workers.close()
+
+
+def test_a_spare_policy_process_loads_the_file_as_it_reads_when_taken(rule_folder):
+    """``supervised.prewarm``: the spare a watch's test process starts after a run has read
+    nothing of the policy; the next load takes it (no new process) and reads the saved edit."""
+    from dispatcher import supervised
+    from dispatcher.model.world import World
+
+    rule = rule_folder / "a2a_spare.py"
+    rule.write_text("def rule(view):\n    return 1\n")
+    view = World(ep_size=2, dp_size=1, group_tokens=(3,), max_num_tokens=8).rank_view(0)
+    try:
+        supervised.prewarm("a2a_spare:rule")
+        (spare,) = supervised._SPARES.values()
+        rule.write_text("def rule(view):\n    return 2\n")  # the save, after the spare started
+        policy = supervised.load_supervised("a2a_spare:rule")
+        assert policy(view) == 2 and policy._child is spare and not supervised._SPARES
+        supervised.forget_all()
+        assert spare.proc is None  # the taken spare is the run's process: it goes with the run
+    finally:
+        supervised.stop_all()
+        supervised.forget_all()

@@ -37,16 +37,16 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
-from .model import properties
-from .model.engine import RemotePolicy
-from .model.generations import active, using
-from .model.guard import CALL_TIMEOUT, CallTimedOut, GateInterrupt, guarded
-from .model.world import World
-from .policies import NAMED, PolicyError, runs_foreign_code, load_policy, load_timeout_s
-from .sandbox.procs import DROP_CWD, MAX_OUTPUT_BYTES, child_env, die_with_parent
-from .sandbox.wire import ForeignObject, _interned, _loads, _plain, _portable
+from ..model import properties
+from ..model.engine import RemotePolicy
+from ..model.generations import active
+from ..model.guard import CALL_TIMEOUT
+from ..model.world import World
+from ..policies import NAMED, PolicyError, runs_foreign_code, load_policy, load_timeout_s
+from ..sandbox.procs import DROP_CWD, MAX_OUTPUT_BYTES, child_env, die_with_parent
+from ..sandbox.wire import ForeignObject, _loads, _plain
 
-__all__ = ["load_supervised", "prestart", "SupervisedPolicy", "deadline_s", "PolicyProcessLost", "stop_all",
+__all__ = ["load_supervised", "prestart", "prewarm", "SupervisedPolicy", "deadline_s", "PolicyProcessLost", "stop_all",
            "forget_all"]
 
 _TAIL = 2000  # characters of the child's last output shown when it dies
@@ -68,86 +68,9 @@ class PolicyProcessLost(BaseException):
     once with the world it was on and its replay line."""
 
 
-# ---------------------------------------------------------------------------------------------
-# The child
-
-
-def _serve(fd_in: int, fd_out: int, spec: str) -> None:
-    """The child's loop: load ``spec``, then answer requests until the pipe closes."""
-    rx, tx = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
-    try:
-        _, policy = load_policy(spec)
-    except PolicyError as exc:
-        tx.send_bytes(pickle.dumps(("load-error", str(exc))))
-        return
-    tx.send_bytes(pickle.dumps(("ready", isinstance(policy, properties.EnginePolicy))))
-    bound = {}  # key -> a bound step, made on the first request that names it
-    while True:
-        try:
-            request = pickle.loads(rx.recv_bytes())
-        except EOFError:
-            return
-        op, generation, seconds, budget, args = request
-        args = _interned(args)
-        CALL_TIMEOUT.seconds = seconds  # the parent's limit for this policy, tripped or not
-        properties.RULE_BUDGET.seconds = budget
-        try:
-            with using(generation), guarded(2 * seconds):  # one timer for the whole request
-                answer = ("ok", _answer(policy, bound, op, args))
-        except KeyboardInterrupt:
-            return
-        except (CallTimedOut, properties.RuleHung) as exc:  # stopped by its own timer
-            answer = ("hung", f"[slow rule] {exc} (--rule-timeout-s): stopped"
-                      if isinstance(exc, CallTimedOut) else str(exc))
-        except BaseException as exc:  # noqa: BLE001 - every failure goes back as an answer
-            answer = ("raise", _portable(_as_verdict(exc)))
-        try:
-            data = pickle.dumps(answer)
-            if not _plain(answer[1]):
-                _loads(data)  # the parent's unpickler must take it: find out here
-        except Exception as exc:  # noqa: BLE001 - an answer the parent would refuse
-            asked = (f"its {args[1] or 'call'}()" if op == "call" else
-                     f"its {args[0]!r}" if op == "getattr" else op)
-            data = pickle.dumps(("raise", _portable(properties.RuleCrashed(
-                f"[rule crashed] {spec}: {asked} handed back something the gate cannot take "
-                f"from its process: {exc}"))))
-        tx.send_bytes(data)
-
-
-def _as_verdict(exc: BaseException) -> BaseException:
-    if isinstance(exc, GateInterrupt):  # os._exit or a fork inside an engine method
-        return properties.RuleCrashed(f"[rule crashed] {exc}: the gate kept the process (an "
-                                      f"exit from a policy never passes for a verdict)")
-    return exc
-
-
-def _answer(policy, bound: dict, op: str, args: tuple):
-    if op == "rule_values":
-        key, world, name = args
-        target = policy if key is None else bound[key]
-        values = properties.rule_values(target, world, name)
-        return properties.RuleValues(list(values), values.notes, values.replay_args)
-    if op == "bind":
-        key, bind_args, bind_kwargs = args
-        bound[key] = policy.bind(*bind_args, **bind_kwargs)
-        while len(bound) > 64:  # the oldest binding goes (a replay binds once)
-            bound.pop(next(iter(bound)))
-        return None
-    if op == "getattr":
-        (name,) = args
-        value = getattr(policy, name)
-        return ("method",) if callable(value) else ("value", value)
-    if op == "call":
-        key, name, call_args, call_kwargs = args
-        target = policy if key is None else bound[key]
-        return getattr(target, name)(*call_args, **call_kwargs) if name else \
-            target(*call_args, **call_kwargs)
-    raise ValueError(f"unknown request {op!r}")
-
-
 _CHILD = DROP_CWD + """
-from dispatcher.supervised import _serve
-_serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+from dispatcher.supervised.child import _serve
+_serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:] == ["spare"])
 """
 
 
@@ -165,14 +88,16 @@ class _Child:
         self.methods = set()  # names the policy answers as methods (asked once)
         self.constants = {}  # its labels and flags (str, int, bool, None), read once
 
-    def launch(self) -> None:
-        """Start the process; it loads the policy while this one goes on (``await_ready``)."""
+    def launch(self, spare: bool = False) -> None:
+        """Start the process; it loads the policy while this one goes on (``await_ready``).
+        ``spare``: it waits, its imports done, until ``wake`` tells it to load."""
         to_child, from_parent = os.pipe()[::-1]  # (write end, read end)
         from_child, to_parent = os.pipe()
         self.out = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD, str(from_parent), str(to_parent), self.spec],
+                [sys.executable, "-c", _CHILD, str(from_parent), str(to_parent), self.spec,
+                 *(["spare"] if spare else [])],
                 stdin=subprocess.DEVNULL, stdout=self.out, stderr=subprocess.STDOUT,
                 env=child_env(self.spec), pass_fds=(from_parent, to_parent),
                 start_new_session=True, preexec_fn=die_with_parent)
@@ -182,6 +107,18 @@ class _Child:
         self.tx = Connection(to_child, readable=False)
         self.rx = Connection(from_child, writable=False)
         self.ready = False
+
+    def wake(self) -> bool:
+        """A spare: load the policy now; False where it is gone (a fresh one is needed)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.stop()
+            return False
+        try:
+            self.tx.send_bytes(pickle.dumps("load"))
+        except OSError:
+            self.stop()
+            return False
+        return True
 
     def await_ready(self) -> None:
         """Wait until the policy has loaded (``load_timeout_s()`` at most); a ``PolicyError``
@@ -305,17 +242,36 @@ _LIVE = []
 _KEYS = itertools.count()
 
 
+_SPARES: dict = {}  # _where(spec) -> a spare child (``prewarm``): imports done, nothing loaded
+
+
 @atexit.register
 def stop_all() -> None:
     """Kill every policy process this process started (at exit, and before a fast exit)."""
-    for child in _LIVE:
+    for child in [*_LIVE, *_SPARES.values()]:
         child.stop()
+    _SPARES.clear()
+
+
+def prewarm(spec: str) -> None:
+    """Start a spare process for ``spec`` (a watch's test process does, after each run): the
+    next load of ``spec`` takes it and skips the interpreter's and torch's start. It reads
+    nothing of the policy until then, so what it then loads is the files as they are."""
+    if spec in NAMED or not runs_foreign_code(spec):
+        return
+    key = _where(spec)
+    if key not in _SPARES:
+        child = _Child(spec)
+        child.launch(spare=True)
+        _SPARES[key] = child
 
 
 def forget_all() -> None:
     """Kill every policy process and forget them: the next load starts a fresh one (a watch's
-    next run, after an edit of the policy's files)."""
-    stop_all()
+    next run, after an edit of the policy's files), or takes a spare (``prewarm``), which
+    has loaded nothing yet and is kept."""
+    for child in _LIVE:
+        child.stop()
     _LIVE.clear()
     _BY_SPEC.clear()
 
@@ -326,9 +282,11 @@ class SupervisedPolicy(RemotePolicy):
     def __init__(self, spec: str, child: Optional[_Child] = None, key=None,
                  world: Optional[World] = None, wait: bool = True):
         if child is None:
-            child = _Child(spec)
+            child = _SPARES.pop(_where(spec), None)
+            if child is None or not child.wake():
+                child = _Child(spec)
+                child.launch()
             _LIVE.append(child)
-            child.launch()
             if wait:  # a spec that does not load fails here, as load_policy would
                 child.await_ready()
         self._child, self._key, self._world = child, key, world
@@ -439,7 +397,7 @@ def prestart(spec: str) -> Optional[SupervisedPolicy]:
 def _where(spec: str):
     """What decides which code ``spec`` loads: the spec, the path it is found on, the folder
     it is run from, and the switches the engines' loaders read."""
-    from .releases.companions import NEWEST_ENV
+    from ..releases.companions import NEWEST_ENV
 
     return spec, child_env(spec)["PYTHONPATH"], os.getcwd(), os.environ.get(NEWEST_ENV)
 
