@@ -125,9 +125,13 @@ def _run_job(job: Job, rx: Connection, tx: Connection):
     try:
         # a second session in one process finds Hypothesis imported: pytest says it cannot
         # rewrite its asserts again, which the suite never needs (its own modules are rewritten)
-        code = int(pytest.main(suite_args(args=[
-            *job.args, f"--policy={job.spec}", "-x", "-n", "0", "-p", "no:cacheprovider",
-            "-W", "ignore::pytest.PytestAssertRewriteWarning"]), plugins=[shard]))
+        _IN_RUN.append(shard)
+        try:
+            code = int(pytest.main(suite_args(args=[
+                *job.args, f"--policy={job.spec}", "-x", "-n", "0", "-p", "no:cacheprovider",
+                "-W", "ignore::pytest.PytestAssertRewriteWarning"]), plugins=[shard]))
+        finally:
+            _IN_RUN.clear()
     finally:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
@@ -147,6 +151,18 @@ def _prepare_next(taken) -> None:
         warm.start(name, resolve=load_policy)
 
 
+_IN_RUN: list = []  # the run's Shard while pytest runs it
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGUSR1 from the watch (another process has the verdict): the test under way is ended as
+    Ctrl-C would end it (its fixtures tear down, the session ends INTERRUPTED), where a run is
+    under way; the process stays for the next run."""
+    if _IN_RUN:
+        _IN_RUN[0].stopped = True
+        raise KeyboardInterrupt("stopped by the watch: another test process has the verdict")
+
+
 def serve(fd_in: int, fd_out: int) -> None:
     """A test process's loop: a ``Job`` in, its messages out, until the pipe closes or ``None``
     comes; SIGTERM ends a run as Ctrl-C would (its fixtures tear down), then the process."""
@@ -157,6 +173,7 @@ def serve(fd_in: int, fd_out: int) -> None:
         closing.append(signum)
         raise KeyboardInterrupt("SIGTERM")
     signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGUSR1, _interrupt)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the watch's: it asks us to stop
     try:
         import hypothesis  # noqa: F401 - warm before the first run asks for it

@@ -7,8 +7,9 @@ torch, Hypothesis or suite import, and the checks run side by side as under ``py
   timed by the last run each ran in. A test never timed goes by a hash of its name. Tests that
   failed in an earlier run of this watch go first in their process.
 - **The first failure.** The first failure any process reports is printed at once, as pytest
-  prints it, and is the run's verdict. The other processes stop after their current test. One
-  that has not finished within ``DRAIN_S`` is killed and started again.
+  prints it, and is the run's verdict. The other processes are interrupted in their current test
+  (SIGUSR1: as Ctrl-C would, its fixtures torn down). One that has not finished within
+  ``DRAIN_S`` is killed and started again.
 - **Between runs.** Each process starts afresh, in the background, the costly resources its
   share took (a rank pool, the single-GPU driver: ``gpu.warm``). No policy code has run in them
   when the next run takes them: a rank loads the policy at its first world.
@@ -238,8 +239,12 @@ class Workers:
                     self.say(event[2])
                     for j, q in enumerate(self.procs):
                         if q is not None and q.busy == run:  # the finder ends its run too
-                            if j != i:
+                            if j != i:  # it ends the test under way, not only the next
                                 q.tx.send("stop")
+                                try:
+                                    os.kill(q.proc.pid, signal.SIGUSR1)
+                                except ProcessLookupError:
+                                    pass
                             q.told_stop = time.monotonic()
                     self.say(f"FAILED {event[1]} (the first counterexample, in "
                              f"{time.monotonic() - t0:.1f} s; the other test processes stop)")
