@@ -43,7 +43,8 @@ def test_every_check_runs_once_across_the_processes_and_a_failure_ends_the_run(r
         rule.write_text(WRONG)
         said.clear()
         assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 1
-        assert "PropertyViolation" in said[0] and said[1].startswith("FAILED tests/cpu/")
+        assert "PropertyViolation" in said[0], said  # as pytest prints it, then the line:
+        assert said[1].startswith("FAILED ") and "test_sizing_properties.py::" in said[1]
         assert workers.failed  # it goes first next time
         pids = [p.proc.pid for p in workers.procs]
         rule.write_text(GOOD)
