@@ -36,9 +36,10 @@ class Job:
 
 def unit_of(item) -> str:
     """What goes to one process as a whole: an xdist group (``@name``), else the test."""
-    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                    for m in item.iter_markers("xdist_group")})
-    return "@" + "_".join(names) if names else item.nodeid
+    from ..gpu.warm import group_name
+
+    group = group_name(item)
+    return "@" + group if group else item.nodeid
 
 
 def owner(unit: str, planned: Dict[str, int], count: int) -> int:

@@ -152,10 +152,6 @@ class Workers:
         """(index, message) for each process that has one within ``timeout``; (index, None)
         for a process that died."""
         live = {p.rx: i for i, p in enumerate(self.procs) if p is not None}
-        sentinels = {}
-        for i, p in enumerate(self.procs):
-            if p is not None:
-                sentinels[p.proc.pid] = i
         for conn in wait(list(live), timeout=timeout):
             i = live[conn]
             try:

@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 from ..sandbox.standins import MODULE_TABLE
 
-__all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused", "TAKEN"]
+__all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused", "TAKEN", "group_name"]
 
 
 def _pool(ep_size: int) -> Callable[..., object]:
@@ -58,6 +58,13 @@ PINNED = tuple(RESOURCES)  # the groups pinned to a worker each, in this order
 # group -> the fixture that takes its resource: only a test that uses it makes it worth starting
 FIXTURES = {"gpu-single": "single_gpu", "rank-pool-2-shared": "pools",
             "rank-pool-4-shared": "pools"}
+
+
+def group_name(item) -> str:
+    """The xdist group of a pytest ``item`` as xdist names it: the sorted names of every
+    ``xdist_group`` mark, joined by ``_`` ("" for none)."""
+    return "_".join(sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                            for m in item.iter_markers("xdist_group")}))
 
 
 def pinned_worker(group: str, workers: int) -> Optional[str]:

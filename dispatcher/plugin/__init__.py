@@ -353,11 +353,12 @@ def _join_xdist_group(item) -> None:
     missed) and, on pytest >= 9.2, writes an attribute pytest no longer reads
     (pytest-dev/pytest-xdist#1386): either way the group was silently ignored. The group
     name is xdist's: the sorted names of every ``xdist_group`` mark, joined by ``_``."""
-    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                    for m in item.iter_markers("xdist_group")})
-    if not names or item.nodeid.endswith("@" + "_".join(names)):
+    from dispatcher.gpu.warm import group_name
+
+    group = group_name(item)
+    if not group or item.nodeid.endswith("@" + group):
         return
-    nodeid = f"{item.nodeid}@{'_'.join(names)}"
+    nodeid = f"{item.nodeid}@{group}"
     if hasattr(item, "_id"):  # pytest >= 9.2: nodeid is str(item._id)
         from _pytest.nodeid import NodeId
         item._id = NodeId.parse(nodeid)
