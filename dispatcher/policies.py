@@ -23,6 +23,7 @@ from typing import Tuple
 
 from .engines import ENGINES, engine_of_spec
 from .mutants import MUTANTS
+from .sandbox import zygote
 from .sandbox.procs import DROP_CWD, OutputFlood, child_env, run_bounded
 from .sizing import KNOWN_BAD_RULES, Policy, ideal_rule
 
@@ -116,15 +117,17 @@ def load_timeout_s() -> float:
                           f"(default {PROBE_TIMEOUT_S:.0f})")
     return value
 _LOADED, _FAILED = "A2A-GATE-POLICY-LOADED", "A2A-GATE-POLICY-ERROR: "
-_PROBE = DROP_CWD + f"""
-from dispatcher.policies import PolicyError, load_policy
-try:
-    load_policy(sys.argv[1])
-except PolicyError as exc:
-    print({_FAILED!r} + str(exc).replace(chr(10), " "), flush=True)
-    sys.exit(2)
-print({_LOADED!r}, flush=True)
-"""
+_PROBE = DROP_CWD + "from dispatcher.policies import _probe_main\n_probe_main(sys.argv[1])\n"
+
+
+def _probe_main(spec: str) -> None:
+    """The probe's child: load ``spec`` and say whether it loaded."""
+    try:
+        load_policy(spec)
+    except PolicyError as exc:
+        print(_FAILED + str(exc).replace(chr(10), " "), flush=True)
+        sys.exit(2)
+    print(_LOADED, flush=True)
 
 
 def runs_foreign_code(spec: str) -> bool:
@@ -158,7 +161,11 @@ def probe_policy(spec: str, timeout_s: float = None) -> None:
         return
     timeout_s = load_timeout_s() if timeout_s is None else timeout_s
     try:
-        code, text = run_bounded([sys.executable, "-c", _PROBE, spec], child_env(spec), timeout_s)
+        code, text = run_bounded(
+            [sys.executable, "-c", _PROBE, spec], child_env(spec), timeout_s,
+            start=lambda out: zygote.popen(_probe_main, (spec,), env=child_env(spec),
+                                           stdout=out.fileno(), preload=_preload_of(spec),
+                                           argv=["-c", spec]))
     except OutputFlood as exc:
         raise PolicyError(f"--policy {spec}: loading it flooded the output: {exc}") from None
     out = text.splitlines()
@@ -173,6 +180,12 @@ def probe_policy(spec: str, timeout_s: float = None) -> None:
         raise PolicyError(f"--policy {spec}: loading it ended the process (exit code "
                           f"{code}) before it finished: the module exits at import "
                           f"(os._exit, sys.exit) or crashed: {last}")
+
+
+def _preload_of(spec: str) -> tuple:
+    """What the process that loads ``spec`` is forked with (``sandbox.zygote``): torch for an
+    engine's code, nothing for a rule module (its process imports what the module does)."""
+    return zygote.WITH_TORCH if engine_of_spec(spec) is not None else ()
 
 
 def engine_spec(spec: str, engine: str) -> str:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Dict, List, Optional
 
-from ..sandbox.procs import child_env, die_with_parent, kill_group, python_child
+from ..sandbox.procs import (child_env, die_with_parent, keep_cwd_off_children_paths, kill_group,
+                             python_child)
 from .watch_process import Job
 
 __all__ = ["Workers", "plan", "DRAIN_S", "STALL_S"]
@@ -89,6 +90,7 @@ class Workers:
     def __post_init__(self):
         self.folder = tempfile.mkdtemp(prefix="a2a-gate-watch-")
         self.procs: List[Optional[_Proc]] = [None] * self.count
+        self._root = None  # the zygote of every run (sandbox.zygote), once started
         self.started = 0  # processes started, restarts included
 
     # processes
@@ -112,8 +114,14 @@ class Workers:
                      Connection(from_child, writable=False), out)
 
     def start(self, spec: str) -> None:
-        """Start every process not running (the first run, or after one died or was killed)."""
+        """Start every process not running (the first run, or after one died or was killed);
+        first of all, the zygote their policy processes and pools' ranks are forked from."""
         self._spec = spec
+        if self._root is None:
+            from ..sandbox import zygote
+
+            keep_cwd_off_children_paths(spec)  # as each test process's session will
+            self._root = zygote.start_root(child_env(spec)) or False
         for i, p in enumerate(self.procs):
             if p is None or p.proc.poll() is not None:
                 self.procs[i] = self._launch(i)
@@ -144,6 +152,8 @@ class Workers:
                 except subprocess.TimeoutExpired:
                     pass
                 self._kill(i)
+        if self._root:
+            self._root.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     # runs

@@ -20,9 +20,11 @@ CUDA fault's text is never lost; the parent waits on the ranks' pipes and proces
 together, so a death is seen when it happens; ranks exit by themselves when their parent is
 gone.
 
-Ranks are forked from a ``forkserver`` that has imported torch once (CUDA is never initialised
-in it): a spawned rank paid the interpreter and torch imports on every start, a rebuild too.
-The ready line says where a start's seconds went (the slowest rank's phases).
+Ranks are forked from a process that has imported torch once (CUDA is never initialised in
+it): the run's zygote (``dispatcher.sandbox.zygote``), shared by every process of the run and
+started before collection, or, where none serves this process, a ``forkserver`` of its own. A
+spawned rank paid the interpreter and torch imports on every start, a rebuild too. The ready
+line says where a start's seconds went (the slowest rank's phases).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from .pool_errors import (PoolStartFailed, RankCrashed, RankPoolError,  # noqa: 
                           RankTimeout, RemoteEngineError, RemoteError, RemoteKernelFault,
                           RemoteMismatch, RemoteRefused, RemoteSizingError, _is_cuda_fault)
 from .rank_examples import AgreementAborted, KernelRefused, one_world
+from .rank_launch import launch
 
 __all__ = ["RankPool", "RankPoolError", "PoolStartFailed", "RankCrashed", "RankTimeout",
            "RemoteMismatch", "RemoteSizingError", "RemoteEngineError", "RemoteRefused",
@@ -54,13 +57,8 @@ GRACE_S = 5.0  # once one rank has failed, how long the others get to answer
 PROFILE_ENV = "A2A_GATE_PROFILE_RANKS"  # a directory: each rank writes its cProfile there
 
 
-# What the forkserver imports once, before any rank is forked from it (nothing here touches
-# CUDA: a forked child of a process with a CUDA context could not use CUDA).
-PRELOAD = ["torch", "torch.distributed", __name__]
-
-
-def _worker(rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes: int,
-            max_combine_bytes: int, log: str, parent: int, conn, sent_at: float,
+def _worker(conn, rank: int, ep_size: int, port: int, n_gpus: int, max_dispatch_bytes: int,
+            max_combine_bytes: int, log: str, parent: int, sent_at: float,
             emulated: bool = False, resolve=None):
     phases = {"process": time.time() - sent_at}  # from the parent's start() to here
     server = os.getppid()  # the forkserver, which exits when the parent does
@@ -211,23 +209,12 @@ class RankPool:
         self._start()
 
     def _start(self):
-        import torch.multiprocessing as mp  # here: the parent's protocol needs no torch
-
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first pool
-        pipes = [ctx.Pipe() for _ in range(self.ep_size)]
-        self._conns = [mine for mine, _ in pipes]
         port = env.free_port()
         t, sent_at = time.monotonic(), time.time()
-        self._procs = [ctx.Process(
-            target=_worker, daemon=True, name=f"ep-rank-{r}",
-            args=(r, self.ep_size, port, self.n_gpus, self.max_dispatch_bytes,
-                  self.max_combine_bytes, str(self._log(r)), os.getpid(), pipes[r][1],
-                  sent_at, self.emulated, self.resolve)) for r in range(self.ep_size)]
-        for p in self._procs:
-            p.start()
-        for _, theirs in pipes:
-            theirs.close()  # the rank holds its end: a dead rank then reads as EOF here
+        self._conns, self._procs = launch(_worker, [
+            (r, self.ep_size, port, self.n_gpus, self.max_dispatch_bytes, self.max_combine_bytes,
+             str(self._log(r)), os.getpid(), sent_at, self.emulated, self.resolve)
+            for r in range(self.ep_size)])
         try:
             ready = self._collect(self.start_timeout, "start")
         except RankPoolError as exc:

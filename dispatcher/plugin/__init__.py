@@ -14,13 +14,21 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from pathlib import Path
 
-# Each xdist worker is one process of many: one thread each for numpy's BLAS, OpenMP and
-# torch, or N workers x N threads fight over the cores (set before numpy/torch load).
+
+def _one_thread_each() -> None:
+    """Each xdist worker is one process of many: one thread each for numpy's BLAS, OpenMP and
+    torch, or N workers x N threads fight over the cores (set before numpy/torch load). The
+    controller of workers sets them too, so the run's zygote (started there) imports torch as
+    the workers' children would."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(_var, "1")
+    _one_thread_each()
 
 import pytest  # noqa: E402
 
@@ -30,7 +38,7 @@ from hypothesis import settings  # noqa: E402
 from dispatcher.gpu.env import flashinfer_missing  # noqa: E402
 from dispatcher.model import properties  # noqa: E402
 from dispatcher.model.guard import CALL_TIMEOUT  # noqa: E402
-from dispatcher.plugin.exit_status import (_OPEN_CONFIGS, _OUTER_PROFILE,  # noqa: E402,F401
+from dispatcher.plugin.exit_status import (_OPEN_CONFIGS, _OUTER_PROFILE, _ZYGOTE,  # noqa: E402,F401
                                     pytest_sessionfinish, pytest_unconfigure)
 from dispatcher.plugin.generation import choose_generation, flashinfer_version  # noqa: E402
 from dispatcher.plugin.fixtures import (_engine_generation, engine_under_test,  # noqa: E402,F401
@@ -151,6 +159,15 @@ def pytest_configure(config):
         from dispatcher.sandbox.procs import keep_cwd_off_children_paths
 
         keep_cwd_off_children_paths(spec)  # xdist's workers start as ``python -c``
+        if _has_workers(config):
+            _one_thread_each()
+        if threading.current_thread() is threading.main_thread():
+            from dispatcher.sandbox import zygote
+            from dispatcher.sandbox.procs import child_env
+
+            # the run's policy processes, its probe and its pools' ranks are forked from one
+            # process that imports torch once (for this run's workers too: they inherit it)
+            config.stash[_ZYGOTE] = zygote.start_root(child_env(spec))
         try:
             config.stash[_DESCRIBED] = describe_policy(spec)  # finds it, runs none of it
         except PolicyError as exc:
@@ -380,6 +397,8 @@ def pytest_collection_finish(session):
     """Start, in the background, the costly resources (``dispatcher.gpu.warm``) of the groups
     that have a test to run here: in an xdist worker, those pinned to it; in a process that
     runs its tests itself (``-n 0``, a watch's test process), every one."""
+    if session.config.option.collectonly:
+        return  # nothing will run: a pool started now would only be torn down (torch imported)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     alone = not worker and not _has_workers(session.config) and _OPEN_CONFIGS[:1] == [session.config]
     if not alone and not (worker and getattr(session.config.option, "loadgroup", False)):

@@ -13,6 +13,7 @@ __all__ = ["pytest_sessionfinish", "pytest_unconfigure"]
 
 _OUTER_PROFILE = pytest.StashKey[str]()  # the Hypothesis profile a nested (pytester) run replaced
 _EXIT = pytest.StashKey[int]()
+_ZYGOTE = pytest.StashKey[object]()  # the run's zygote root, where this session started it
 _REAL_EXIT = os._exit  # taken before any policy could replace it
 _OPEN_CONFIGS = []  # sessions of this process, outermost first (pytester runs nest inside)
 
@@ -36,6 +37,11 @@ def pytest_unconfigure(config):
 
     if config in _OPEN_CONFIGS:
         _OPEN_CONFIGS.remove(config)
+    root = config.stash.get(_ZYGOTE, None)
+    if root is not None:  # what was forked from it goes with it
+        if "dispatcher.supervised" in sys.modules:
+            sys.modules["dispatcher.supervised"].forget_forked_by(root.folder)
+        root.stop()
     if _OPEN_CONFIGS and _OUTER_PROFILE in config.stash:  # a nested (pytester) session ended
         settings.load_profile(config.stash[_OUTER_PROFILE])
     if hasattr(config, "workerinput") and not _OPEN_CONFIGS:
@@ -76,6 +82,8 @@ def _end_with(status: int) -> None:
             pass
     if "dispatcher.supervised" in sys.modules:  # the policy's processes go first
         sys.modules["dispatcher.supervised"].stop_all()
+    if "dispatcher.sandbox.zygote" in sys.modules:  # then the zygote they were forked from
+        sys.modules["dispatcher.sandbox.zygote"].stop_roots()
     if "multiprocessing" in sys.modules:
         try:
             from multiprocessing import util

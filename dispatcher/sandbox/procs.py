@@ -43,9 +43,10 @@ def _named_in_cwd(spec: str) -> bool:
 
 def child_env(spec: str = "", **extra: str) -> dict:
     """The environment of a child process of the gate: the gate's own code importable, the
-    current directory only where ``spec`` names a module in it, the user's PYTHONPATH kept."""
-    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    current directory only where ``spec`` names a module in it, the user's PYTHONPATH kept
+    (the same for a child's child: an entry already there is not added twice)."""
     first = [SOURCE_ROOT] + ([os.getcwd()] if _named_in_cwd(spec) else [])
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in first]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(first + rest), **extra)
 
 _PR_SET_PDEATHSIG = 1
@@ -62,19 +63,21 @@ def alive(pid: int) -> bool:
     return True
 
 
-def die_with_parent() -> None:
-    """In the child, between fork and exec: SIGKILL when the parent goes (Linux only)."""
+def die_with_parent() -> int:
+    """In the child, between fork and exec (or in a fork that goes on): SIGKILL when the
+    parent goes (Linux only); the parent's pid."""
+    parent = os.getppid()
     if not sys.platform.startswith("linux"):
-        return
+        return parent
     import ctypes
 
-    parent = os.getppid()
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
-        return
+        return parent
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+    return parent
 
 
 class Terminated(BaseException):
@@ -90,7 +93,11 @@ def raise_on_sigterm() -> None:
 
 
 def kill_group(proc) -> None:
-    """SIGKILL ``proc``'s process group (it was started in a session of its own) and reap it."""
+    """SIGKILL ``proc``'s process group (it was started in a session of its own) and reap it
+    (a child forked by the run's zygote says how: ``Forked.kill_group``)."""
+    if hasattr(proc, "kill_group"):
+        proc.kill_group()
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -106,23 +113,27 @@ MAX_OUTPUT_BYTES = 64 << 20  # what a child may print before it is stopped as a 
 
 
 def run_bounded(cmd, env=None, timeout: float = None, limit: int = 1 << 20, cwd=None,
-                max_bytes: int = None):
+                max_bytes: int = None, start=None):
     """Run ``cmd`` in a session of its own, dying with this process: ``(exit code, or None when
     it ran over ``timeout``; what it printed, stdout and stderr together, at most ``limit``
     characters from the end)``. Its output goes to a file, not a pipe, so a grandchild it
     left holding the output open cannot keep this waiting; whatever it started is killed
     when it ends. A child that prints more than ``max_bytes`` is killed at once and
     ``OutputFlood`` raised (the file would fill the disk for the whole timeout otherwise;
-    default ``MAX_OUTPUT_BYTES``)."""
+    default ``MAX_OUTPUT_BYTES``). ``start``: ``start(output file) -> process or None``, the
+    same run started another way (forked by the run's zygote: ``sandbox.zygote``), ``cmd``
+    where it gives None."""
     import subprocess
     import tempfile
     import time
 
     max_bytes = MAX_OUTPUT_BYTES if max_bytes is None else max_bytes
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=die_with_parent)
+        proc = start(out) if start is not None else None
+        if proc is None:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=die_with_parent)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:

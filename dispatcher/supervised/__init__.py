@@ -43,11 +43,14 @@ from ..model.generations import active
 from ..model.guard import CALL_TIMEOUT
 from ..model.world import World
 from ..policies import NAMED, PolicyError, runs_foreign_code, load_policy, load_timeout_s
-from ..sandbox.procs import DROP_CWD, MAX_OUTPUT_BYTES, child_env, die_with_parent
+from ..engines import engine_of_spec
+from ..sandbox import zygote
+from ..sandbox.procs import DROP_CWD, MAX_OUTPUT_BYTES, child_env, die_with_parent, kill_group
 from ..sandbox.wire import ForeignObject, _loads, _plain
+from .child import _serve
 
 __all__ = ["load_supervised", "prestart", "prewarm", "SupervisedPolicy", "deadline_s", "PolicyProcessLost", "stop_all",
-           "forget_all"]
+           "forget_all", "forget_forked_by"]
 
 _TAIL = 2000  # characters of the child's last output shown when it dies
 
@@ -94,13 +97,19 @@ class _Child:
         to_child, from_parent = os.pipe()[::-1]  # (write end, read end)
         from_child, to_parent = os.pipe()
         self.out = tempfile.TemporaryFile()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD, str(from_parent), str(to_parent), self.spec,
-                 *(["spare"] if spare else [])],
-                stdin=subprocess.DEVNULL, stdout=self.out, stderr=subprocess.STDOUT,
-                env=child_env(self.spec), pass_fds=(from_parent, to_parent),
-                start_new_session=True, preexec_fn=die_with_parent)
+        args = [str(from_parent), str(to_parent), self.spec, *(["spare"] if spare else [])]
+        try:  # forked by the run's zygote where one serves (no interpreter or torch start)
+            self.proc = zygote.popen(
+                _serve, (zygote.PassedFd(0), zygote.PassedFd(1), self.spec, spare),
+                env=child_env(self.spec), stdout=self.out.fileno(), fds=(from_parent, to_parent),
+                preload=zygote.WITH_TORCH if engine_of_spec(self.spec) else (),
+                argv=["-c", *args])
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", _CHILD, *args],
+                    stdin=subprocess.DEVNULL, stdout=self.out, stderr=subprocess.STDOUT,
+                    env=child_env(self.spec), pass_fds=(from_parent, to_parent),
+                    start_new_session=True, preexec_fn=die_with_parent)
         finally:
             os.close(from_parent)
             os.close(to_parent)
@@ -151,11 +160,7 @@ class _Child:
             return
         for conn in (self.tx, self.rx):
             conn.close()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
+        kill_group(proc)
 
     def tail(self) -> str:
         size = self.out.seek(0, 2)
@@ -264,6 +269,18 @@ def prewarm(spec: str) -> None:
         child = _Child(spec)
         child.launch(spare=True)
         _SPARES[key] = child
+
+
+def forget_forked_by(folder: str) -> None:
+    """Stop and forget the policy processes forked by the zygote of ``folder`` (it is being
+    stopped: a nested run's own), so no later load takes one of them."""
+    gone = [c for c in [*_LIVE, *_SPARES.values()] if getattr(c.proc, "folder", None) == folder]
+    for child in gone:
+        child.stop()
+    _LIVE[:] = [c for c in _LIVE if c not in gone]
+    for table in (_SPARES, _BY_SPEC):
+        for key in [k for k, v in table.items() if getattr(v, "_child", v) in gone]:
+            del table[key]
 
 
 def forget_all() -> None:

@@ -37,6 +37,7 @@ DOORS = {
     ("dispatcher.gpu.ops", "ops_of"): ("dispatcher.gpu.mnnvl", "dispatcher.gpu.one_sided"),
     ("dispatcher.policies", "load_policy"): (),  # the user's own rule module
     ("dispatcher.sandbox.release_code", "_resolve_import"): (),  # the standard library, for engine code
+    ("dispatcher.sandbox.zygote.server", "_sub_main"): (),  # its preload: torch (zygote.WITH_TORCH)
 }
 SUITE_PACKAGE = "dispatcher.suite"  # the tests, installed: the top layer, not checked here
 # Imported inside a function on purpose, named here so that nothing else creeps in.
