@@ -6,7 +6,27 @@ import os
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
-__all__ = ["suite_args", "INI_ARGS", "hypothesis_home", "keep_hypothesis_home"]
+__all__ = ["suite_args", "INI_ARGS", "hypothesis_home", "keep_hypothesis_home", "processes_for",
+           "POLICY_PROCESSES"]
+
+# Test processes worth starting for a user's policy gated alone (its 13-26 checks, the gate's
+# self-checks deselected): two run the pinned GPU tiers' chains, the rest share the others,
+# each past that only adds its own start (an interpreter, the suite's collection, torch for an
+# engine) to the run's. Gating an SGLang file on a 1 x H100 host: 8 processes 15.2 s, 16 (one
+# per CPU) 17.1-19.4 s (benchmarks/README.md).
+POLICY_PROCESSES = 8
+
+
+def processes_for(spec: str, self_check: bool, cpus: int) -> int:
+    """How many test processes ``-n auto`` and ``a2a-gate watch`` start (``cpus``: one per CPU):
+    that many for the whole suite (the shipped rule, or ``--self-check``), at most
+    ``POLICY_PROCESSES`` for a user's policy."""
+    from ..policies import DEFAULT_POLICY
+
+    if spec == DEFAULT_POLICY or self_check:
+        return max(1, cpus)
+    return max(1, min(cpus, POLICY_PROCESSES))
+
 
 _REPO = Path(__file__).resolve().parents[2]
 # The pytest settings the suite runs with: pyproject.toml's [tool.pytest.ini_options] in a

@@ -102,10 +102,12 @@ class Options:
     runs: Optional[int] = None  # stop after this many verdicts (None: until Ctrl-C or idle)
     poll_s: float = 0.2
     idle_timeout_s: float = 3600.0
-    workers: int = 0  # warm test processes (0: one per CPU this process may use)
+    workers: int = 0  # warm test processes (0: as ``-n auto`` would start for the policy)
 
-    def processes(self) -> int:
-        return self.workers or max(1, len(os.sched_getaffinity(0)) if hasattr(
+    def processes(self, spec: str) -> int:
+        from .runner import processes_for
+
+        return self.workers or processes_for(spec, False, len(os.sched_getaffinity(0)) if hasattr(
             os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
@@ -179,12 +181,12 @@ def watch(spec: str, args: Sequence[str], opts: Options,
           say: Callable[[str], None] = print, clock=time.monotonic, sleep=time.sleep) -> int:
     """Run the checks of ``spec`` now and on every change of a file it reads; the exit status
     of the last verdict (``INTERRUPTED`` on Ctrl-C). ``run``: one run's verdict (by default
-    across ``opts.processes()`` warm test processes, ``watch_workers``)."""
+    across ``opts.processes(spec)`` warm test processes, ``watch_workers``)."""
     workers = None
     if run is None:
         from .watch_workers import Workers
 
-        workers = Workers(opts.processes(), say)
+        workers = Workers(opts.processes(spec), say)
         run = workers.run
     try:
         return _watch(spec, args, opts, run, say, clock, sleep,
@@ -240,8 +242,8 @@ def _watch(spec, args, opts, run, say, clock, sleep, reused: str) -> int:
                 last = prints
             if opts.runs is not None and verdicts >= opts.runs:
                 return code
-    except KeyboardInterrupt:
-        say("watch: stopped (Ctrl-C)")
+    except KeyboardInterrupt as exc:
+        say(f"watch: stopped ({str(exc) or 'Ctrl-C'})")
         return INTERRUPTED
 
 
@@ -252,4 +254,16 @@ def main(args: List[str]) -> int:
     except WatchError as exc:
         print(f"a2a-gate watch: {exc}", file=sys.stderr)
         return 2
+    _stop_on_sigterm()
     return watch(spec, rest, opts, say=lambda line: print(line, flush=True))
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a terminal closed, a job cancelled) stops the watch as Ctrl-C does: its test
+    processes, the zygote and its folders go with it (the default action left them behind)."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, stop)

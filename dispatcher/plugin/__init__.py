@@ -41,6 +41,8 @@ from dispatcher.model.guard import CALL_TIMEOUT  # noqa: E402
 from dispatcher.plugin.exit_status import (_OPEN_CONFIGS, _OUTER_PROFILE, _ZYGOTE,  # noqa: E402,F401
                                     pytest_sessionfinish, pytest_unconfigure)
 from dispatcher.plugin.generation import choose_generation, flashinfer_version  # noqa: E402
+from dispatcher.plugin.workers import (_join_xdist_group, pytest_xdist_auto_num_workers,  # noqa: E402,F401
+                                       pytest_xdist_make_scheduler)
 from dispatcher.plugin.fixtures import (_engine_generation, engine_under_test,  # noqa: E402,F401
                                         load_release, pinned_releases, policy, policy_spec)
 from dispatcher.policies import (DEFAULT_POLICY, PolicyError, describe_policy,  # noqa: E402
@@ -153,7 +155,6 @@ def pytest_configure(config):
     if config.getoption("--newest-companions"):
         from dispatcher.releases.companions import NEWEST_ENV
         os.environ[NEWEST_ENV] = "1"  # workers and rank processes inherit it
-    _preload_for_engine(config)
     if not hasattr(config, "workerinput"):  # once per run, in the controller
         spec = config.getoption("--policy")
         from dispatcher.sandbox.procs import keep_cwd_off_children_paths
@@ -190,7 +191,9 @@ def _has_workers(config) -> bool:
 def _preload_for_engine(config) -> None:
     """An engine policy's tests need torch (seconds to import, more on a GPU host): a process
     that will run them (an xdist worker, or the only process) imports it in the background
-    from the start, beside collection and the policy's probe, rather than at its first test."""
+    once it has collected, rather than at its first test. Not during collection: the import
+    holds the interpreter's lock much of its time, and a slower collection starts the pools
+    later (gating an SGLang file on a 1 x H100 host: collected in 6.2-7.1 s, then 3.4-4.0)."""
     from dispatcher.engines import engine_of_spec
 
     if engine_of_spec(config.getoption("--policy")) is None or _OPEN_CONFIGS[:1] != [config]:
@@ -198,7 +201,6 @@ def _preload_for_engine(config) -> None:
     if not hasattr(config, "workerinput") and _has_workers(config):
         return  # the controller of workers runs no test
     import importlib.util
-    import threading
 
     if importlib.util.find_spec("torch") is None:
         return
@@ -364,41 +366,13 @@ def pytest_collection_modifyitems(config, items):
             _join_xdist_group(item)
 
 
-def _join_xdist_group(item) -> None:
-    """Give ``item`` the ``nodeid@group`` form xdist's loadgroup scheduler reads. xdist adds it
-    in its own collection hook, which runs before this file's (marks added here would be
-    missed) and, on pytest >= 9.2, writes an attribute pytest no longer reads
-    (pytest-dev/pytest-xdist#1386): either way the group was silently ignored. The group
-    name is xdist's: the sorted names of every ``xdist_group`` mark, joined by ``_``."""
-    from dispatcher.gpu.warm import group_name
-
-    group = group_name(item)
-    if not group or item.nodeid.endswith("@" + group):
-        return
-    nodeid = f"{item.nodeid}@{group}"
-    if hasattr(item, "_id"):  # pytest >= 9.2: nodeid is str(item._id)
-        from _pytest.nodeid import NodeId
-        item._id = NodeId.parse(nodeid)
-    else:
-        item._nodeid = nodeid
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist=loadgroup`` with the costly groups pinned (``dispatcher/plugin/scheduling.py``)."""
-    if config.getvalue("dist") == "loadgroup":
-        from dispatcher.plugin.scheduling import PinnedGroupScheduling
-
-        return PinnedGroupScheduling(config, log)
-    return None
-
-
 def pytest_collection_finish(session):
     """Start, in the background, the costly resources (``dispatcher.gpu.warm``) of the groups
     that have a test to run here: in an xdist worker, those pinned to it; in a process that
     runs its tests itself (``-n 0``, a watch's test process), every one."""
     if session.config.option.collectonly:
         return  # nothing will run: a pool started now would only be torn down (torch imported)
+    _preload_for_engine(session.config)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     alone = not worker and not _has_workers(session.config) and _OPEN_CONFIGS[:1] == [session.config]
     if not alone and not (worker and getattr(session.config.option, "loadgroup", False)):

@@ -117,7 +117,7 @@ def test_a_nondeterministic_rule_is_named_as_such_not_as_rank_variance():
 
 
 def test_a_slow_rule_fails_early_with_the_projected_cost(monkeypatch):
-    monkeypatch.setattr(properties, "RULE_BUDGET", RuleBudget(seconds=0.001, warmup=10))
+    monkeypatch.setattr(properties, "RULE_BUDGET", RuleBudget(seconds=0.001, warmup=10, sample=10))
 
     def slow(view):
         time.sleep(0.002)

@@ -5,6 +5,7 @@ import select
 import shutil
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -23,10 +24,11 @@ CHECKS = "cpu/test_sizing_properties.py"  # the policy's property tests (a path 
 SAME_ON_EVERY_RANK = CHECKS + "::test_property[rank-invariant]"  # the one WRONG breaks
 
 
-def _start(folder: Path, *args: str, checks: str = CHECKS) -> subprocess.Popen:
+def _start(folder: Path, *args: str, checks: str = CHECKS, tmpdir: Path = None) -> subprocess.Popen:
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(SOURCE), *rest]),
-               PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+               PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
+               **({"TMPDIR": str(tmpdir)} if tmpdir else {}))
     return subprocess.Popen([sys.executable, "-m", "dispatcher.commands.cli", "watch",
                              "--policy=a2a_watched:rule", "--poll-s=0.05", *args, "-q", checks],
                             cwd=folder, env=env, stdout=subprocess.PIPE,
@@ -95,9 +97,15 @@ def _descendants(pid: int) -> set:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
-def test_ctrl_c_in_a_run_ends_the_watch_and_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("sig, words", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")],
+                         ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_in_a_run_ends_the_watch_and_leaves_no_process(tmp_path, sig, words):
+    """Ctrl-C, or SIGTERM (a terminal closed, a job cancelled: its default action left the
+    test processes' and the zygote's folders behind), ends the watch: no process and no
+    temporary folder of its outlives it."""
     (tmp_path / "a2a_watched.py").write_text(SLOW)
-    proc, seen, spawned = _start(tmp_path, "--rule-budget-ms=1000"), [], set()  # not a slow rule
+    scratch = Path(tempfile.mkdtemp(prefix="a2a-w"))  # its TMPDIR (short: sockets live there)
+    proc, seen, spawned = _start(tmp_path, "--rule-budget-ms=1000", tmpdir=scratch), [], set()
     try:
         end = time.monotonic() + 8
         while time.monotonic() < end and not spawned:  # a run is on: the policy's process is up
@@ -106,7 +114,8 @@ def test_ctrl_c_in_a_run_ends_the_watch_and_leaves_no_process(tmp_path):
         time.sleep(0.5)  # well inside the run (the slow rule's checks take seconds)
         spawned |= _descendants(proc.pid)
         assert spawned, "the policy's process never started"
-        proc.send_signal(signal.SIGINT)
+        assert list(scratch.glob("a2a-gate-zygote-*")), "the watch started no zygote"
+        proc.send_signal(sig)
         try:
             code = proc.wait(timeout=15)  # 1-2 s on 2 busy cores; bounded where it is not
         except subprocess.TimeoutExpired:
@@ -120,8 +129,11 @@ def test_ctrl_c_in_a_run_ends_the_watch_and_leaves_no_process(tmp_path):
         proc.kill()
     left = {p for p in spawned if Path(f"/proc/{p}").exists()
             and Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[0] != "Z"}
-    assert not left, f"processes left after Ctrl-C: {left}"
-    assert "watch: stopped (Ctrl-C)" in proc.stdout.read().decode("utf-8", "replace")
+    assert not left, f"processes left after {words}: {left}"
+    assert f"watch: stopped ({words})" in proc.stdout.read().decode("utf-8", "replace")
+    folders = list(scratch.iterdir())
+    shutil.rmtree(scratch, ignore_errors=True)
+    assert not folders, f"folders left after {words}: {folders}"
 
 
 def test_an_edit_of_a_file_the_engines_code_comes_from_is_seen(tmp_path):

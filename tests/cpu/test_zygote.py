@@ -67,12 +67,17 @@ def _pids(path, within: float = 60.0):
 
 @pytest.fixture
 def root(monkeypatch):
-    """A zygote of this test's own (the run's, if any, is set aside), stopped after the test."""
+    """A zygote of this test's own (the run's, if any, is set aside), stopped after the test.
+    Its children preload nothing (``NOTHING``) unless a test asks for torch: each sub-zygote
+    that imports torch costs seconds, more on a busy GPU host."""
     monkeypatch.delenv(zygote.ENV, raising=False)
     made = zygote.start_root(child_env())
     assert made is not None and os.environ[zygote.ENV] == made.folder
     yield made
     made.stop()
+
+
+NOTHING = ()  # a sub-zygote's preload where what it imported is not what the test is about
 
 
 def test_a_child_is_what_python_c_would_start_and_its_status_comes_back(root, tmp_path):
@@ -91,7 +96,7 @@ def test_a_child_is_what_python_c_would_start_and_its_status_comes_back(root, tm
     # a second child is a fork too, and an error in the target is its exit status and output
     out2 = tempfile.TemporaryFile()
     failing = zygote.popen(raise_error, (), env=child_env(), stdout=out2.fileno(),
-                           preload=zygote.WITH_TORCH)
+                           preload=zygote.WITH_TORCH)  # the same sub-zygote: forked at once
     assert failing.wait(timeout=60) == 1
     out2.seek(0)
     assert "RuntimeError: raised in the child" in out2.read().decode()
@@ -108,8 +113,7 @@ def test_a_process_of_another_environment_is_refused(root):
 
 def test_a_kill_takes_the_childs_group(root, tmp_path):
     pids = str(tmp_path / "pids")
-    proc = zygote.popen(sleep_with_a_grandchild, (pids,), env=child_env(),
-                        preload=zygote.WITH_TORCH)
+    proc = zygote.popen(sleep_with_a_grandchild, (pids,), env=child_env(), preload=NOTHING)
     child, grandchild = _pids(pids)
     assert child == proc.pid and proc.poll() is None and proc.is_alive()
     proc.kill_group()
@@ -140,8 +144,7 @@ def test_a_child_goes_with_the_process_that_asked(root, tmp_path):
 
 def test_stopping_the_root_ends_what_it_forked_and_its_folder(root, tmp_path):
     pids = str(tmp_path / "pids")
-    proc = zygote.popen(sleep_with_a_grandchild, (pids,), env=child_env(),
-                        preload=zygote.WITH_TORCH)
+    proc = zygote.popen(sleep_with_a_grandchild, (pids,), env=child_env(), preload=NOTHING)
     child, grandchild = _pids(pids)
     root.stop()
     assert _gone(child) and _gone(grandchild) and proc.wait(timeout=10) == -signal.SIGKILL

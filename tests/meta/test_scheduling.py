@@ -118,3 +118,33 @@ def test_a_crashed_worker_fails_its_test_and_the_run_goes_on(pytester, monkeypat
     assert result.ret == 1 and "INTERNALERROR" not in text, text[-3000:]
     assert re.search(r"crashed while running .*test_crashes_its_worker", text), text[-3000:]
     result.assert_outcomes(passed=7, failed=1)
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([], 16),  # the whole suite: one process per CPU
+    (["--policy=prefix_rule", "--self-check"], 16),  # the whole suite again, under that rule
+    (["--policy=prefix_rule"], "policy"),  # a policy gated alone: its checks, a few dozen
+    (["--policy=sglang:0.5.23"], "policy"),
+], ids=["whole-suite", "self-check", "a-rule", "an-engine"])
+def test_auto_starts_as_many_processes_as_the_run_has_work_for(pytester, monkeypatch, args,
+                                                               expected):
+    """``-n auto`` on a 16-CPU host (xdist counts them): 16 test processes for the whole suite,
+    ``runner.POLICY_PROCESSES`` for a user's policy, whose 13-26 checks left each further
+    process only its own start to add; a count the user set stands."""
+    import os
+
+    from dispatcher.commands.runner import POLICY_PROCESSES
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    try:  # xdist counts with psutil where it is installed
+        import psutil
+        monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 16)
+    except ImportError:
+        pass
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    pytester.makeconftest(CONFTEST)
+    config = pytester.parseconfig("-n", "auto", *args)
+    count = config.hook.pytest_xdist_auto_num_workers(config=config)
+    assert count == (POLICY_PROCESSES if expected == "policy" else expected)
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
+    assert config.hook.pytest_xdist_auto_num_workers(config=config) == 5

@@ -20,7 +20,8 @@ small one.
   asking process would have given ``python -c``, it is the leader of a session of its own (a
   kill of its group takes what it started), and it calls a function of the gate's, named by
   reference and unpickled only in the child. The environment must be the root's own, up to
-  what xdist gives each worker (``PYTEST_*``, ``COLUMNS``, ``LINES``): a request with another
+  what is read only when used (xdist's ``PYTEST_*``, ``COLUMNS``, ``LINES``; the gate's own
+  ``A2A_GATE_*``), which the child is given as asked: a request with another
   environment (another ``PYTHONPATH``, thread count, interpreter) is refused and the asker
   starts ``python -c`` as before, so a fork never differs from that process in what it
   imported. Unlike a fresh interpreter, a fork shares the zygote's hash seed.
@@ -52,7 +53,10 @@ __all__ = ["ENV", "WITH_TORCH", "PassedFd", "Forked", "Root", "start_root", "pop
 
 ENV = "A2A_GATE_ZYGOTE"  # the folder of the run's zygote (its sockets and log)
 WITH_TORCH = ("torch", "torch.distributed")  # what a sub-zygote imports for the children that run torch
-_PER_WORKER = ("PYTEST_", "COLUMNS", "LINES", ENV)  # what may differ between the run's processes
+# What may differ between a child's environment and the zygote's: variables read only when
+# used, never while a module the zygote preloads is imported (xdist's per-worker PYTEST_*,
+# COLUMNS and LINES; the gate's own A2A_GATE_*, such as the generation a session chose)
+_RUNTIME_ONLY = ("PYTEST_", "COLUMNS", "LINES", "A2A_GATE_")
 _FIRST_ANSWER_S = 120.0  # the root's answer (it forks a sub-zygote at most)
 _ROOT_BOOT = """
 from dispatcher.sandbox.zygote.server import root_main
@@ -97,7 +101,7 @@ def _recv(sock: socket.socket, limit: int = 64 << 20) -> bytes:
 
 
 def _comparable(env: dict) -> dict:
-    return {k: v for k, v in env.items() if not k.startswith(_PER_WORKER)}
+    return {k: v for k, v in env.items() if not k.startswith(_RUNTIME_ONLY)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,6 +154,9 @@ def start_root(env: Optional[dict] = None) -> Optional[Root]:
     if not sys.platform.startswith("linux") or (before and _serves(before, env)):
         return None
     folder = tempfile.mkdtemp(prefix="a2a-gate-zygote-")
+    if len(os.path.join(folder, "sub000.sock")) > 100 and os.path.isdir("/tmp"):
+        os.rmdir(folder)  # a socket's path must fit 107 bytes: a deep $TMPDIR does not
+        folder = tempfile.mkdtemp(prefix="a2a-gate-zygote-", dir="/tmp")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(os.path.join(folder, "root.sock"))

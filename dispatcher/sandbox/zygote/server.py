@@ -110,6 +110,10 @@ def _sub_main(listener: socket.socket, preload: tuple) -> None:
                 __import__(name)
             except Exception as exc:  # noqa: BLE001 - each child meets it again, and says so
                 _log(f"preload of {name} failed: {exc!r}")
+        import gc
+
+        gc.collect()
+        gc.freeze()  # the children's collections skip what was preloaded (no copy of its pages)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
