@@ -10,7 +10,7 @@ import signal
 import sys
 
 __all__ = ["seconds_arg", "DROP_CWD", "alive", "die_with_parent", "raise_on_sigterm", "python_child", "child_env", "SOURCE_ROOT",
-           "run_bounded", "OutputFlood", "MAX_OUTPUT_BYTES", "kill_group",
+           "run_bounded", "OutputFlood", "MAX_OUTPUT_BYTES", "kill_group", "signal_group",
            "keep_cwd_off_children_paths"]
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds dispatcher/
@@ -92,16 +92,21 @@ def raise_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def signal_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to process group ``pgid``, which may be gone already."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def kill_group(proc) -> None:
     """SIGKILL ``proc``'s process group (it was started in a session of its own) and reap it
     (a child forked by the run's zygote says how: ``Forked.kill_group``)."""
     if hasattr(proc, "kill_group"):
         proc.kill_group()
         return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    signal_group(proc.pid)
     proc.wait()
 
 

@@ -48,6 +48,8 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
+from ..procs import signal_group
+
 __all__ = ["ENV", "WITH_TORCH", "PassedFd", "Forked", "Root", "start_root", "popen", "available",
            "stop_roots"]
 
@@ -124,10 +126,7 @@ class Root:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the root and its sub-zygotes: one group
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(proc.pid)  # the root and its sub-zygotes: one group
         proc.wait()
         _remove(self.folder)
         if os.environ.get(ENV) == self.folder:
@@ -283,10 +282,7 @@ class Forked:
         if self._pid is None:
             self.close()
             return
-        try:
-            os.killpg(self._pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(self._pid)
 
     def kill_group(self) -> None:
         """Kill the child's group and reap it (``procs.kill_group``); a zygote that does not

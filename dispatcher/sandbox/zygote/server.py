@@ -13,7 +13,7 @@ import socket
 import sys
 from typing import Optional
 
-from ..procs import die_with_parent
+from ..procs import die_with_parent, signal_group
 from . import PassedFd, _comparable, _recv, _send
 
 __all__ = ["root_main"]
@@ -58,13 +58,7 @@ def root_main(listen_fd: int, owner: int) -> None:
     while True:
         if os.getppid() != owner:
             os._exit(0)
-        while True:  # reap sub-zygotes that ended
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if not pid:
-                break
+        for pid, _ in _reaped():  # sub-zygotes that ended
             subs = {k: v for k, v in subs.items() if v[0] != pid}
         if not select.select([listener], [], [], 1.0)[0]:
             continue
@@ -122,13 +116,13 @@ def _sub_main(listener: socket.socket, preload: tuple) -> None:
 
         def stop(*_):  # the root ends: so does everything forked here, groups and all
             for pid in leases.values():
-                _kill_group(pid)
+                signal_group(pid)
             os._exit(0)
         signal.signal(signal.SIGTERM, stop)
         while True:
             if os.getppid() != root:
                 for pid in leases.values():
-                    _kill_group(pid)
+                    signal_group(pid)
                 os._exit(0)
             ready = select.select([listener, wake_r, *leases], [], [], 1.0)[0]
             if wake_r in ready:
@@ -140,7 +134,7 @@ def _sub_main(listener: socket.socket, preload: tuple) -> None:
                 except OSError:
                     gone = True
                 if gone:  # the asker went: so does its child
-                    _kill_group(leases.pop(lease))
+                    signal_group(leases.pop(lease))
                     lease.close()
             if listener in ready:
                 conn, _ = listener.accept()
@@ -154,15 +148,8 @@ def _sub_main(listener: socket.socket, preload: tuple) -> None:
         os._exit(1)
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _reap(leases: dict) -> None:
-    by_pid = {pid: lease for lease, pid in leases.items()}
+def _reaped():
+    """``(pid, wait status)`` of each child of this process that has ended, reaped."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -170,6 +157,12 @@ def _reap(leases: dict) -> None:
             return
         if not pid:
             return
+        yield pid, status
+
+
+def _reap(leases: dict) -> None:
+    by_pid = {pid: lease for lease, pid in leases.items()}
+    for pid, status in _reaped():
         lease = by_pid.get(pid)
         if lease is None:
             continue
@@ -219,7 +212,7 @@ def _fork_child(conn, listener, wake_r, wake_w, leases) -> Optional[int]:
     try:
         _send(conn, json.dumps({"pid": pid}).encode())
     except OSError:
-        _kill_group(pid)  # the asker is gone already
+        signal_group(pid)  # the asker is gone already
     conn.settimeout(None)
     return pid
 
