@@ -65,9 +65,35 @@ class Shard:
         self.counts: Counter = Counter()
         self.stopped = False
         self.session = None
+        self.looping = False  # in pytest_runtestloop: Ctrl-C there ends the session cleanly
 
     def pytest_sessionstart(self, session):
         self.session = session
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session):
+        self.looping = True
+        try:
+            return (yield)
+        finally:
+            self.looping = False
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        if self.stopped:  # told before its loop began: run nothing, the session stops
+            return True
+        return None
+
+    def stop(self) -> None:
+        """End this run: within the test loop at once, as Ctrl-C would (the test under way
+        tears down, the session ends INTERRUPTED); elsewhere (pytest configuring, collecting,
+        or ending its session, where a KeyboardInterrupt would escape ``pytest.main`` and end
+        the process) no further test runs."""
+        self.stopped = True
+        if self.looping:
+            raise KeyboardInterrupt("stopped by the watch: another test process has the verdict")
+        if self.session is not None:
+            self.session.shouldstop = "another test process found a counterexample"
 
     @pytest.hookimpl(wrapper=True)
     def pytest_collection_modifyitems(self, config, items):
@@ -156,12 +182,10 @@ _IN_RUN: list = []  # the run's Shard while pytest runs it
 
 
 def _interrupt(signum, frame) -> None:
-    """SIGUSR1 from the watch (another process has the verdict): the test under way is ended as
-    Ctrl-C would end it (its fixtures tear down, the session ends INTERRUPTED), where a run is
-    under way; the process stays for the next run."""
+    """SIGUSR1 from the watch (another process has the verdict): the run under way stops
+    (``Shard.stop``); the process stays for the next run."""
     if _IN_RUN:
-        _IN_RUN[0].stopped = True
-        raise KeyboardInterrupt("stopped by the watch: another test process has the verdict")
+        _IN_RUN[0].stop()
 
 
 def serve(fd_in: int, fd_out: int) -> None:

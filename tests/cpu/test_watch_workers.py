@@ -1,5 +1,6 @@
 """The watch's warm test processes: the share of the checks (every test once, the longest spread
 first), the first failure ending the run, and a process that dies started again."""
+import multiprocessing
 import os
 import signal
 import threading
@@ -53,6 +54,36 @@ def test_every_check_runs_once_across_the_processes_and_a_failure_ends_the_run(r
     finally:
         workers.close()
     assert all(p is None for p in workers.procs)
+
+
+@pytest.mark.parametrize("when, code, passed", [
+    ("pytest_runtest_call", pytest.ExitCode.INTERRUPTED, 0),  # the test under way ends
+    ("pytest_collection_finish", pytest.ExitCode.INTERRUPTED, 0),  # no test starts
+    ("pytest_sessionfinish", pytest.ExitCode.OK, 2),  # its share done, the session ending
+])
+def test_the_watchs_stop_ends_a_run_and_never_the_process(pytester, when, code, passed):
+    """SIGUSR1 (another process has the verdict) at any point of a test process's session stops
+    that run and returns from ``pytest.main``. Raised as Ctrl-C while the session ended, it
+    escaped ``pytest.main`` and ended the process: the next run started it cold (seen as the
+    test above failing now and then, process 0 replaced)."""
+    pytester.makepyfile(test_two="def test_a():\n    pass\n\n\ndef test_b():\n    pass\n")
+    (rx, watch_tx), (watch_rx, tx) = (multiprocessing.Pipe(duplex=False) for _ in range(2))
+    shard = wp.Shard(wp.Job(1, "x", (), 0, 1, {}, frozenset(), os.devnull), rx, tx)
+    signaller = type("Signaller", (), {when: lambda self: os.kill(os.getpid(), signal.SIGUSR1)})()
+    before = signal.signal(signal.SIGUSR1, wp._interrupt)
+    wp._IN_RUN.append(shard)
+    try:
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", no_reraise_ctrlc=True,
+                                              plugins=[shard, signaller])  # as pytest.main
+    except KeyboardInterrupt:
+        pytest.fail(f"the watch's stop in {when} escaped pytest.main (the process would end)")
+    finally:
+        wp._IN_RUN.clear()
+        signal.signal(signal.SIGUSR1, before)
+        for conn in (rx, watch_tx, watch_rx, tx):
+            conn.close()
+    assert shard.stopped and result.ret == code
+    assert result.parseoutcomes().get("passed", 0) == passed
 
 
 def test_a_process_that_dies_fails_that_run_and_is_started_again(rule_folder):
