@@ -17,8 +17,9 @@ the repository root in a fresh process (plus the pytest arguments after ``--``):
 
 - ``watch-sglang-file``: ``a2a-gate watch --policy=sglang:FILE`` on a copy of that file, one
   process for all runs: each run saves the wrong edit and times the verdict (every one must
-  fail), then saves the harmless file back and times the verdict (every one must pass); from
-  the save to the verdict line, the watch's poll included. Its first, cold verdict is kept too.
+  fail: the first failing example, as found) and the shrunk counterexample that follows, then
+  saves the harmless file back and times the verdict (every one must pass); from the save to
+  the line, the watch's poll included. Its first, cold verdict is kept too.
 
 For ``whole`` and ``gate-sglang-file`` the critical path is kept from each run (a timeline
 plugin, ``suite_timeline.py``): the longest test and the busiest xdist worker (its tests' wall
@@ -128,7 +129,7 @@ def watch_runs(profile: str, files: dict, runs: int, timeout: float, log: Path =
     # unbuffered: a readline never takes more than its line, so select() sees every line after it
     out = []
 
-    def verdict(since: float):
+    def line_after(since: float, starts: str, has: str = ""):
         end = since + timeout
         while time.perf_counter() < end:
             if select.select([proc.stdout], [], [], 0.1)[0]:
@@ -136,25 +137,31 @@ def watch_runs(profile: str, files: dict, runs: int, timeout: float, log: Path =
                 if not line:
                     break
                 out.append(line)
-                if line.startswith("watch: verdict"):
-                    return round(time.perf_counter() - since, 1), line.split()[2]
-        raise RuntimeError("no verdict in time:\n" + "".join(out[-40:]))
+                if line.startswith(starts) and has in line:
+                    return round(time.perf_counter() - since, 1), line
+        raise RuntimeError(f"no {starts!r} line in time:\n" + "".join(out[-40:]))
+
+    def verdict(since: float):
+        took, line = line_after(since, "watch: verdict")
+        return took, line.split()[2]
     try:
         cold = verdict(time.perf_counter())
-        rounds = []
+        rounds, shrunk = [], []
         for _ in range(runs):
             for text in (wrong, harmless):
                 time.sleep(0.5)  # a save after the watch is back to waiting
                 t = time.perf_counter()
                 target.write_text(text)
                 rounds.append(verdict(t))
+                if text is wrong and rounds[-1][1] == "FAIL":  # its shrunk form, then the revert
+                    shrunk.append(line_after(t, "FAILED ", "shrunk")[0])
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     if log is not None:
         log.write_text("".join(out))
     return {"cold_first_verdict": cold, "wrong_save": [r for r in rounds[0::2]],
-            "revert": [r for r in rounds[1::2]]}
+            "wrong_save_shrunk_s": shrunk, "revert": [r for r in rounds[1::2]]}
 
 
 def main() -> int:
@@ -204,9 +211,12 @@ def main() -> int:
                 "command": f"HYPOTHESIS_PROFILE={a.profile} a2a-gate watch --policy=sglang:FILE "
                            f"{' '.join(a.pytest_args)}".strip(),
                 **w, **{f"median_{k}_s": statistics.median(t for t, _ in w[k])
-                        for k in ("wrong_save", "revert")}}
+                        for k in ("wrong_save", "revert")},
+                **({"median_wrong_save_shrunk_s": statistics.median(w["wrong_save_shrunk_s"])}
+                   if w["wrong_save_shrunk_s"] else {})}
             print(f"watch-sglang-file: cold {w['cold_first_verdict']}, wrong saves "
-                  f"{w['wrong_save']}, reverts {w['revert']}", flush=True)
+                  f"{w['wrong_save']} (shrunk {w['wrong_save_shrunk_s']}), reverts "
+                  f"{w['revert']}", flush=True)
     print(json.dumps(figures, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(figures, indent=1) + "\n")

@@ -189,14 +189,18 @@ def watch(spec: str, args: Sequence[str], opts: Options,
         workers = Workers(opts.processes(spec), say)
         run = workers.run
     try:
-        return _watch(spec, args, opts, run, say, clock, sleep,
-                      REUSED.format(n=workers.count) if workers else "re-used: this process")
+        code = _watch(spec, args, opts, run, say, clock, sleep,
+                      REUSED.format(n=workers.count) if workers else "re-used: this process",
+                      idle=workers.late if workers else lambda: None)
+        if workers is not None and code != INTERRUPTED:
+            workers.finish()  # the last verdict's counterexample, shrunk
+        return code
     finally:
         if workers is not None:
             workers.close()
 
 
-def _watch(spec, args, opts, run, say, clock, sleep, reused: str) -> int:
+def _watch(spec, args, opts, run, say, clock, sleep, reused: str, idle) -> int:
     last, verdicts, code, idle_since, refused, files = None, 0, 0, None, None, ()
     try:
         while True:
@@ -220,6 +224,7 @@ def _watch(spec, args, opts, run, say, clock, sleep, reused: str) -> int:
                 if clock() - idle_since > opts.idle_timeout_s:
                     say(f"watch: no change in {opts.idle_timeout_s:g} s: stopping")
                     return code
+                idle()  # a shrunk counterexample, once ready
                 sleep(opts.poll_s)
                 continue
             idle_since = None

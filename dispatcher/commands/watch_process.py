@@ -2,14 +2,18 @@
 ``Job`` after another, each a pytest session of its share of the policy's checks (``Shard``),
 and between runs starts afresh the costly resources its share took (``gpu.warm``: a rank pool,
 the single-GPU driver), no policy code run in them. Its messages to the watch: ``up``; per run
-``failed`` (each failure, as pytest prints it, at once), ``tick`` (a test finished) and
-``done`` (exit status, durations, counts); it stops after its current test on ``stop``, and
+``found`` (a Hypothesis test's first failing example, as found, before shrinking), ``failed``
+(each failure, as pytest prints it, at once), ``tick`` (a test finished) and ``done`` (exit
+status, durations, counts); it stops after its current test on ``stop``, and
 ends on ``None``, a closed pipe or SIGTERM (a run then unwinds as on Ctrl-C)."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
+import threading
+import traceback
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -66,6 +70,8 @@ class Shard:
         self.stopped = False
         self.session = None
         self.looping = False  # in pytest_runtestloop: Ctrl-C there ends the session cleanly
+        self.item = None  # the test under way
+        self.found_in: set = set()  # tests whose first failing example was sent
 
     def pytest_sessionstart(self, session):
         self.session = session
@@ -82,7 +88,18 @@ class Shard:
     def pytest_runtest_protocol(self, item, nextitem):
         if self.stopped:  # told before its loop began: run nothing, the session stops
             return True
+        self.item = item
         return None
+
+    def found(self, exc: BaseException, args, kwargs) -> None:
+        """The first failing example of the test under way, as Hypothesis found it: sent at once
+        (``found``), before Hypothesis shrinks it; the shrunk one follows as ``failed``. Not for
+        a test expected to fail (xfail), where a failing example is no verdict."""
+        item = self.item
+        if item is None or item.nodeid in self.found_in or item.get_closest_marker("xfail"):
+            return
+        self.found_in.add(item.nodeid)
+        self.tx.send(("found", self.job.run, item.nodeid, _found_text(item, exc, args, kwargs)))
 
     def stop(self) -> None:
         """End this run: within the test loop at once, as Ctrl-C would (the test under way
@@ -106,6 +123,8 @@ class Shard:
             config.hook.pytest_deselected(items=others)
         mine.sort(key=lambda it: it.nodeid not in job.first)  # stable: the order kept otherwise
         items[:] = mine
+        for item in mine:
+            _send_first_failure(item)
         self.units = {item.nodeid: unit_of(item) for item in mine}
         return result
 
@@ -127,6 +146,49 @@ class Shard:
             if self.rx.recv() == "stop" and self.session is not None:
                 self.stopped = True
                 self.session.shouldstop = "another test process found a counterexample"
+
+
+def _send_first_failure(item) -> None:
+    """Wrap the Hypothesis test of ``item`` (once per function, kept across runs) so that its
+    first failing example reaches the watch when found (``Shard.found``), not after shrinking.
+    ``hypothesis.inner_test`` is Hypothesis's place to wrap the test it calls (as pytest-trio
+    does); the wrapper re-raises all it sees, so Hypothesis decides as it would unwrapped."""
+    handle = getattr(getattr(item, "obj", None), "hypothesis", None)
+    inner = getattr(handle, "inner_test", None)
+    if inner is None or getattr(inner, "_a2a_watch_sends", False):
+        return
+
+    @functools.wraps(inner)
+    def test(*args, **kwargs):
+        try:
+            return inner(*args, **kwargs)
+        except BaseException as exc:
+            if _IN_RUN and _fails_the_test(exc):
+                _IN_RUN[0].found(exc, args, kwargs)
+            raise
+    test._a2a_watch_sends = True
+    handle.inner_test = test
+
+
+def _fails_the_test(exc: BaseException) -> bool:
+    """What Hypothesis counts as a failing example (``failure_exceptions_to_catch``), less its
+    own control exceptions (``reject()``, ``assume()``: ``HypothesisException``); pytest's
+    skips and Ctrl-C are ``BaseException``s that fail no example."""
+    from hypothesis.errors import HypothesisException
+
+    return (isinstance(exc, (Exception, SystemExit, pytest.fail.Exception))
+            and not isinstance(exc, HypothesisException))
+
+
+def _found_text(item, exc: BaseException, args, kwargs, width: int = 300) -> str:
+    def short(value) -> str:
+        text = repr(value)
+        return text if len(text) <= width else text[:width] + "..."
+    call = ", ".join([*map(short, args), *(f"{k}={short(v)}" for k, v in kwargs.items())])
+    where = "".join(traceback.format_exception(exc, limit=-3)).rstrip()  # where it failed
+    return "\n".join([f"{'_' * 20} {item.name} {'_' * 20}",
+                      f"Falsifying example, as found (before shrinking): "
+                      f"{getattr(item, 'originalname', item.name)}({call})", where])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,11 +243,45 @@ def _prepare_next(taken) -> None:
 _IN_RUN: list = []  # the run's Shard while pytest runs it
 
 
+RETRY_S = 0.005  # a stop that came mid-bookkeeping is tried again after this
+
+
 def _interrupt(signum, frame) -> None:
     """SIGUSR1 from the watch (another process has the verdict): the run under way stops
-    (``Shard.stop``); the process stays for the next run."""
-    if _IN_RUN:
-        _IN_RUN[0].stop()
+    (``Shard.stop``); the process stays for the next run. Not while Hypothesis's or a context
+    manager's own code runs (``_mid_bookkeeping``): the stop is tried again a moment later."""
+    if not _IN_RUN:
+        return
+    if _IN_RUN[0].looping and _mid_bookkeeping(frame):
+        threading.Timer(RETRY_S, _signal_self).start()
+        return
+    _IN_RUN[0].stop()
+
+
+def _signal_self() -> None:
+    os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def _mid_bookkeeping(frame) -> bool:
+    """A Ctrl-C raised in this frame could skip the restore of a context: a KeyboardInterrupt
+    at the entry of ``contextlib``'s ``__exit__`` of Hypothesis's build context left the
+    process "inside a @given test", and its next run failed its pool tests with the nested
+    ``@given`` health check (a false alarm of the unmodified SGLang file)."""
+    import contextlib
+
+    import hypothesis
+
+    name = frame.f_code.co_filename if frame is not None else ""
+    return (name == contextlib.__file__
+            or name.startswith(os.path.dirname(hypothesis.__file__) + os.sep))
+
+
+def _left_inside_a_test() -> bool:
+    """Hypothesis still sees a test under way after the run ended: what no stop may leave
+    (``_mid_bookkeeping``); a process so left ends rather than run the next run."""
+    from hypothesis.control import currently_in_test_context
+
+    return currently_in_test_context()
 
 
 def serve(fd_in: int, fd_out: int) -> None:
@@ -214,6 +310,10 @@ def serve(fd_in: int, fd_out: int) -> None:
 
             taken = set(warm.TAKEN)
             tx.send(("done", job.run, code, durations, counts, stopped))
+            if _left_inside_a_test():
+                print("watch's test process: Hypothesis's test context was left set by the "
+                      "stopped run; this process ends, the next run starts another", flush=True)
+                break
             if not closing:
                 _prepare_next(taken)
                 from .. import supervised

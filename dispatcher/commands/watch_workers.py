@@ -6,10 +6,13 @@ torch, Hypothesis or suite import, and the checks run side by side as under ``py
   the single-GPU tier's) go together. The longest go first, each to the least loaded process,
   timed by the last run each ran in. A test never timed goes by a hash of its name. Tests that
   failed in an earlier run of this watch go first in their process.
-- **The first failure.** The first failure any process reports is printed at once, as pytest
-  prints it, and is the run's verdict. The other processes are interrupted in their current test
-  (SIGUSR1: as Ctrl-C would, its fixtures torn down). One that has not finished within
-  ``DRAIN_S`` is killed and started again.
+- **The first failure.** The first failure any process reports is printed at once and is the
+  run's verdict: a Hypothesis test's first failing example as found, else the failure as pytest
+  prints it. The other processes are interrupted in their current test (SIGUSR1: as Ctrl-C
+  would, its fixtures torn down). One that has not finished within ``DRAIN_S`` is killed and
+  started again. The finder goes on to shrink its example; the shrunk counterexample is printed
+  when it comes, while the watch waits for the next save (``late``). A save before then stops
+  the shrink: the run of the new state does not wait for it.
 - **Between runs.** Each process starts afresh, in the background, the costly resources its
   share took (a rank pool, the single-GPU driver: ``gpu.warm``). No policy code has run in them
   when the next run takes them: a rank loads the policy at its first world.
@@ -86,6 +89,7 @@ class Workers:
     durations: Dict[str, float] = field(default_factory=dict)
     failed: set = field(default_factory=set)
     runs: int = 0
+    shrinking: Dict[int, tuple] = field(default_factory=dict)  # process -> (run, test, since)
 
     def __post_init__(self):
         self.folder = tempfile.mkdtemp(prefix="a2a-gate-watch-")
@@ -197,20 +201,71 @@ class Workers:
         if kind == "up":
             p.up = True
             return None
-        if kind == "failed":
+        if kind in ("found", "failed"):
             _, run, nodeid, text = msg
             self.failed.add(nodeid)
-            return ("failed", nodeid, text) if run == current else None
+            shrunk = self.shrinking.get(i, (None, None))[:2] == (run, nodeid)
+            if kind == "found" and run == current:
+                self.shrinking[i] = (run, nodeid, time.monotonic())
+            if shrunk and kind == "failed":
+                return ("shrunk", nodeid, text, self.shrinking.pop(i)[2])
+            return (kind, nodeid, text) if run == current else None
         if kind == "done":
             _, run, code, durations, counts, stopped = msg
             p.busy, p.told_stop = None, 0.0
             self.durations.update(durations)
+            unshrunk = self.shrinking.pop(i, None)
+            if unshrunk is not None and code == 0 and not stopped:
+                return ("passed after all", unshrunk[1])
             return ("done", code, counts, stopped) if run == current else None
         return None
+
+    def _tell_stop(self, j: int) -> None:
+        """Process ``j`` ends its run: after its current test (``stop``), and that test at once
+        (SIGUSR1: as Ctrl-C would)."""
+        q = self.procs[j]
+        try:
+            q.tx.send("stop")
+            os.kill(q.proc.pid, signal.SIGUSR1)
+        except (OSError, ProcessLookupError):
+            pass
+        q.told_stop = time.monotonic()
+
+    def late(self, wait: float = 0.0) -> None:
+        """While the watch waits for a save: the last run's counterexample shrunk, once its
+        process has it (or what became of that process)."""
+        if not self.shrinking:
+            return
+        for i, msg in self._messages(wait):
+            event = self._absorb(i, msg, current=None)
+            if event is None:
+                continue
+            if event[0] == "shrunk":
+                _, nodeid, text, since = event
+                self.say(text)
+                self.say(f"FAILED {nodeid} (run {self.runs}: the counterexample above shrunk, "
+                         f"in {time.monotonic() - since:.1f} s more)")
+            elif event[0] == "passed after all":  # Hypothesis reports a flaky failure as one
+                self.say(f"watch: {event[1]} passed when run to its end, its failing example "
+                         f"above did not fail again: run {self.runs}'s verdict is of one call")
+            elif event[0] == "died":
+                self.shrinking.pop(i, None)
+                self.say(f"watch: test process {i} died while shrinking the counterexample; "
+                         f"its last output:\n{event[1]}\nstarted again for the next run")
+
+    def finish(self, timeout: float = DRAIN_S) -> None:
+        """The watch ends (its last run): wait for the counterexample's shrink, printed."""
+        end = time.monotonic() + timeout
+        while self.shrinking and time.monotonic() < end:
+            self.late(wait=0.1)
 
     def run(self, spec: str, args) -> int:
         """One run of the checks of ``spec`` across the processes: 1 at the first failure
         (printed at once; the others told to stop), else the runs' combined exit status."""
+        for j, q in enumerate(self.procs):  # a shrink of the last run's counterexample
+            if q is not None and q.busy is not None and not q.told_stop:
+                self._tell_stop(j)
+        self.shrinking.clear()
         self._drain()
         self.start(spec)
         self.runs += 1
@@ -241,21 +296,24 @@ class Workers:
                 event = self._absorb(i, msg, run)
                 if event is None:
                     continue
-                if event[0] == "failed":
+                if event[0] in ("found", "failed"):
                     self.say(event[2])
                     for j, q in enumerate(self.procs):
-                        if q is not None and q.busy == run:  # the finder ends its run too
-                            if j != i:  # it ends the test under way, not only the next
-                                q.tx.send("stop")
-                                try:
-                                    os.kill(q.proc.pid, signal.SIGUSR1)
-                                except ProcessLookupError:
-                                    pass
-                            q.told_stop = time.monotonic()
-                    self.say(f"FAILED {event[1]} (the first counterexample, in "
-                             f"{time.monotonic() - t0:.1f} s; the other test processes stop)")
+                        if q is not None and q.busy == run and j != i:
+                            self._tell_stop(j)
+                    if event[0] == "failed":  # the finder ends its run too (-x)
+                        self.procs[i].told_stop = time.monotonic()
+                        self.say(f"FAILED {event[1]} (the first counterexample, in "
+                                 f"{time.monotonic() - t0:.1f} s; the other test processes "
+                                 f"stop)")
+                    else:
+                        self.say(f"FAILED {event[1]} (the first failing example, as found, in "
+                                 f"{time.monotonic() - t0:.1f} s; the other test processes "
+                                 f"stop; this one shrinks it)")
                     return 1
                 if event[0] == "died":
+                    if i in codes:  # it ended after its share (``_left_inside_a_test``)
+                        continue
                     self.say(f"watch: test process {i} died during the run; its last "
                              f"output:\n{event[1]}\nstarted again for the next run")
                     codes[i] = 3
