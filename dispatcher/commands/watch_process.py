@@ -106,9 +106,13 @@ class Shard:
         tears down, the session ends INTERRUPTED); elsewhere (pytest configuring, collecting,
         or ending its session, where a KeyboardInterrupt would escape ``pytest.main`` and end
         the process) no further test runs."""
-        self.stopped = True
         if self.looping:
+            self.stopped = True
             raise KeyboardInterrupt("stopped by the watch: another test process has the verdict")
+        self._stop_after_this_test()
+
+    def _stop_after_this_test(self) -> None:
+        self.stopped = True
         if self.session is not None:
             self.session.shouldstop = "another test process found a counterexample"
 
@@ -143,9 +147,8 @@ class Shard:
     def pytest_runtest_logfinish(self, nodeid, location):
         self.tx.send(("tick", self.job.run))  # alive and moving (``STALL_S``)
         while self.rx.poll(0):  # the watch: another process has the verdict
-            if self.rx.recv() == "stop" and self.session is not None:
-                self.stopped = True
-                self.session.shouldstop = "another test process found a counterexample"
+            if self.rx.recv() == "stop":
+                self._stop_after_this_test()
 
 
 def _send_first_failure(item) -> None:

@@ -248,8 +248,7 @@ class Workers:
             elif event[0] == "passed after all":  # Hypothesis reports a flaky failure as one
                 self.say(f"watch: {event[1]} passed when run to its end, its failing example "
                          f"above did not fail again: run {self.runs}'s verdict is of one call")
-            elif event[0] == "died":
-                self.shrinking.pop(i, None)
+            elif event[0] == "died" and self.shrinking.pop(i, None) is not None:
                 self.say(f"watch: test process {i} died while shrinking the counterexample; "
                          f"its last output:\n{event[1]}\nstarted again for the next run")
 
