@@ -8,7 +8,8 @@
 #   POLICIES="default user sglang:0.5.23 lone tree vllm:0.33.0 vllm:0.33.0@two-sided"  (lone: a lone
 #   copy of 0.5.23's flashinfer.py; tree: 0.5.23's files laid out as a checkout, python/sglang;
 #   user: a rule module of a user's, on their PYTHONPATH), or POLICIES_072 / POLICIES_074 for one generation (the releases
-#   that call its API: vLLM 0.34.0 calls 0.7.4's); RUNS=1 runs of each
+#   that call its API: vLLM 0.34.0 calls 0.7.4's); RUNS=1 runs of each; PYTEST_ARGS (e.g.
+#   --durations=8) added to every run
 # Writes $OUT/summary.log (one line per run: generation, policy, exit code, wall, pytest's last
 # line) and $OUT/logs.tgz (every run's whole log).
 set -uo pipefail
@@ -33,7 +34,7 @@ for g in ${GENERATIONS:-072 074}; do
     for i in $(seq 1 "${RUNS:-1}"); do
       log=$R/$g-$(echo "$p" | tr ':@/' '---')-$i.log
       t=$SECONDS
-      timeout 280 python3 -m pytest -n auto -p no:cacheprovider --require-gpus -q $arg > "$log" 2>&1
+      timeout 280 python3 -m pytest -n auto -p no:cacheprovider --require-gpus -q $arg ${PYTEST_ARGS:-} > "$log" 2>&1
       rc=$?
       echo "$g $p run $i: exit $rc, $((SECONDS - t)) s: $(grep -E '(passed|failed|error)' "$log" | tail -1)" | tee -a "$OUT/summary.log"
     done

@@ -161,7 +161,9 @@ def watch_runs(profile: str, files: dict, runs: int, timeout: float, log: Path =
     if log is not None:
         log.write_text("".join(out))
     return {"cold_first_verdict": cold, "wrong_save": [r for r in rounds[0::2]],
-            "wrong_save_shrunk_s": shrunk, "revert": [r for r in rounds[1::2]]}
+            "wrong_save_shrunk_s": shrunk, "revert": [r for r in rounds[1::2]],
+            # each passing run's summary: its longest unit and busiest process (where it went)
+            "passes": [line.strip() for line in out if "warm test processes; the longest" in line]}
 
 
 def main() -> int:

@@ -90,6 +90,7 @@ class Workers:
     failed: set = field(default_factory=set)
     runs: int = 0
     shrinking: Dict[int, tuple] = field(default_factory=dict)  # process -> (run, test, since)
+    timed: Dict[int, Dict[str, float]] = field(default_factory=dict)  # this run: process -> unit -> s
 
     def __post_init__(self):
         self.folder = tempfile.mkdtemp(prefix="a2a-gate-watch-")
@@ -214,6 +215,8 @@ class Workers:
             _, run, code, durations, counts, stopped = msg
             p.busy, p.told_stop = None, 0.0
             self.durations.update(durations)
+            if run == current:
+                self.timed[i] = dict(durations)
             unshrunk = self.shrinking.pop(i, None)
             if unshrunk is not None and code == 0 and not stopped:
                 return ("passed after all", unshrunk[1])
@@ -268,6 +271,7 @@ class Workers:
         self._drain()
         self.start(spec)
         self.runs += 1
+        self.timed = {}
         run, planned, first = self.runs, plan(self.durations, self.count), frozenset(self.failed)
         t0 = time.monotonic()
         for i, p in enumerate(self.procs):
@@ -324,6 +328,17 @@ class Workers:
                     self._show_log(i, code)
         return self._verdict(codes, counts, time.monotonic() - t0)
 
+    def _critical(self) -> str:
+        """Where the run's time went: its longest unit (a test, or an xdist group's tests as
+        a whole) and its busiest process (the tests it ran, summed)."""
+        units = {u: t for got in self.timed.values() for u, t in got.items()}
+        if not units:
+            return ""
+        longest = max(units, key=units.get)
+        busiest = max(self.timed, key=lambda i: sum(self.timed[i].values()))
+        return (f"; the longest: {longest} {units[longest]:.1f} s; the busiest process: "
+                f"{sum(self.timed[busiest].values()):.1f} s of tests")
+
     def _show_log(self, i: int, code: int) -> None:
         try:
             with open(os.path.join(self.folder, f"run{i}.log"), encoding="utf-8",
@@ -336,7 +351,7 @@ class Workers:
     def _verdict(self, codes: Dict[int, int], counts: Counter, took: float) -> int:
         bad = sorted({c for c in codes.values() if c not in (0, 5)})
         words = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no tests ran"
-        self.say(f"{words} in {took:.1f} s ({self.count} warm test processes)")
+        self.say(f"{words} in {took:.1f} s ({self.count} warm test processes{self._critical()})")
         if bad:
             return 1 if 1 in bad else bad[0]
         return 5 if codes and all(c == 5 for c in codes.values()) else 0

@@ -44,8 +44,9 @@ def _named_in_cwd(spec: str) -> bool:
 def child_env(spec: str = "", **extra: str) -> dict:
     """The environment of a child process of the gate: the gate's own code importable, the
     current directory only where ``spec`` names a module in it, the user's PYTHONPATH kept
-    (the same for a child's child: an entry already there is not added twice)."""
-    first = [SOURCE_ROOT] + ([os.getcwd()] if _named_in_cwd(spec) else [])
+    (the same for a child's child: an entry already there, or the gate's own folder as the
+    current one, is not added twice: the run's zygote serves only children of its environment)."""
+    first = list(dict.fromkeys([SOURCE_ROOT] + ([os.getcwd()] if _named_in_cwd(spec) else [])))
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in first]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(first + rest), **extra)
 

@@ -42,6 +42,8 @@ def test_every_check_runs_once_across_the_processes_and_a_failure_ends_the_run(r
     try:
         assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 0
         assert said[-1].startswith("5 passed in "), said  # the 5 property tests, each once
+        assert "the longest: tests/cpu/test_sizing_properties.py::test_property[" in said[-1]
+        assert "the busiest process: " in said[-1]  # where the run's time went
         assert len({u for u in workers.durations if "test_property" in u}) == 5
         rule.write_text(WRONG)
         said.clear()

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"),
 def describe(code: int) -> None:
     """A child's account of itself, then exit ``code``."""
     print(json.dumps({"torch_at_start": "torch" in sys.modules, "cwd": os.getcwd(),
+                      "hypothesis_at_start": any(m.split(".")[0] == "hypothesis" for m in sys.modules),
                       "argv": sys.argv, "mark": os.environ.get("A2A_TEST_PER_WORKER"),
                       "leader": os.getpgid(0) == os.getpid() == os.getsid(0),
                       "pid": os.getpid()}), flush=True)
@@ -91,6 +92,7 @@ def test_a_child_is_what_python_c_would_start_and_its_status_comes_back(root, tm
     out.seek(0)
     seen = json.loads(out.read().decode().strip().splitlines()[-1])
     assert seen["torch_at_start"], "the child imported torch itself: the zygote did not preload it"
+    assert not seen["hypothesis_at_start"]  # so HYPOTHESIS_* may differ (read when imported)
     assert seen["cwd"] == str(tmp_path) and seen["argv"] == ["-c", "first", "second"]
     assert seen["leader"] and seen["pid"] == proc.pid and proc.pid != os.getpid()
     # a second child is a fork too, and an error in the target is its exit status and output
@@ -107,8 +109,27 @@ def test_a_process_of_another_environment_is_refused(root):
     another (a thread count, a path) gets None, and the caller starts ``python -c``."""
     for change in ({"OMP_NUM_THREADS": "7"}, {"PYTHONPATH": "/elsewhere"}):
         assert zygote.popen(describe, (0,), env=dict(child_env(), **change)) is None
-    served = zygote.popen(describe, (0,), env=dict(child_env(), PYTEST_CURRENT_TEST="t", COLUMNS="9"))
+    served = zygote.popen(describe, (0,), env=dict(child_env(), PYTEST_CURRENT_TEST="t", COLUMNS="9",
+                                                   PYTHONSAFEPATH="1", HYPOTHESIS_PROFILE="ci"))
     assert served is not None and served.wait(timeout=60) == 0
+
+
+def test_a_command_run_from_the_gates_folder_is_served(root, monkeypatch):
+    """A command of the gate's started from its own folder (``a2a-gate verdicts``, a replay,
+    a nested ``pytest``, as the self-checks run them) asks with the environment the run's
+    zygote has: the gate's folder once on ``PYTHONPATH`` though it is also the current one and
+    the policy's module lies there (it was there twice: every such command was refused, and
+    started ``python -c`` and torch again), ``PYTHONSAFEPATH`` set by the run or not."""
+    from dispatcher.sandbox.procs import SOURCE_ROOT
+
+    monkeypatch.chdir(SOURCE_ROOT)
+    own = child_env("dispatcher.sizing:ideal_rule")["PYTHONPATH"].split(os.pathsep)
+    assert own.count(SOURCE_ROOT) == 1 and own[0] == SOURCE_ROOT
+    monkeypatch.setenv("PYTHONSAFEPATH", "1")
+    for spec in ("dispatcher.sizing:ideal_rule", "sglang:0.5.23", ""):
+        proc = zygote.popen(describe, (0,), env=child_env(spec))
+        assert proc is not None, spec
+        assert proc.wait(timeout=60) == 0
 
 
 def test_a_kill_takes_the_childs_group(root, tmp_path):

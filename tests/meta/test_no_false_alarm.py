@@ -120,16 +120,25 @@ def test_behaviour_preserving_edits_do_what_the_release_does(regime, tmp_path):
     assert hit is None, f"the edited file differs from {NEWEST} on {hit!r}"
 
 
-def test_an_observable_edit_fails_the_gate_end_to_end(pytester, monkeypatch, tmp_path):
-    """The user's command, as a user runs it: fails, with a replay line naming the file."""
-    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
-    copy_suite(pytester.path, "cpu", "sglang")
+def test_an_observable_edit_fails_the_gate_end_to_end(tmp_path):
+    """The user's command, as a user runs it (``pytest`` in a folder of theirs, no xdist):
+    fails, with a replay line naming the file. Run with this run's environment, as a user's
+    shell would (no pytester HOME), so its zygote is this run's (a nested run forks from the
+    zygote that serves its environment, instead of importing torch in one of its own)."""
+    import os
+    import subprocess
+    import sys
+
+    suite = tmp_path / "user"
+    suite.mkdir()
+    copy_suite(suite, "cpu", "sglang")
     edited = _edited(tmp_path, [OBSERVABLE])
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-x",
-                                           f"--policy=sglang:{edited}",
-                                           "tests/sglang/test_engine_steps.py",
-                                           "-k", "test_engine_in_every_context")
-    text = result.stdout.str() + result.stderr.str()
-    assert result.ret == pytest.ExitCode.TESTS_FAILED, text[-4000:]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "-q", "-x", "--hypothesis-profile=ci", f"--policy=sglang:{edited}",
+                           "tests/sglang/test_engine_steps.py", "-k", "test_engine_in_every_context"],
+                          cwd=suite, env=dict(os.environ, PYTEST_ADDOPTS=""), capture_output=True,
+                          text=True, timeout=300)
+    text = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, text[-4000:]
     assert re.search(r"replay: python -m dispatcher( --flashinfer=\S+)? --policy", text)
     assert "standing in" in text  # the message says whose code stood in beside the file

@@ -57,8 +57,13 @@ ENV = "A2A_GATE_ZYGOTE"  # the folder of the run's zygote (its sockets and log)
 WITH_TORCH = ("torch", "torch.distributed")  # what a sub-zygote imports for the children that run torch
 # What may differ between a child's environment and the zygote's: variables read only when
 # used, never while a module the zygote preloads is imported (xdist's per-worker PYTEST_*,
-# COLUMNS and LINES; the gate's own A2A_GATE_*, such as the generation a session chose)
-_RUNTIME_ONLY = ("PYTEST_", "COLUMNS", "LINES", "A2A_GATE_")
+# COLUMNS and LINES; the gate's own A2A_GATE_*, such as the generation a session chose;
+# Hypothesis's HYPOTHESIS_*: no zygote imports Hypothesis, tests/cpu/test_zygote.py checks), and
+# PYTHONSAFEPATH, read only as an interpreter starts: the zygote, like every ``python -c`` child
+# of the gate, drops the current directory from its path either way (``procs.DROP_CWD``), so
+# its path is the same with or without it (a run sets it for its workers' children, and a
+# command the gate's own tests start inherits it)
+_RUNTIME_ONLY = ("PYTEST_", "COLUMNS", "LINES", "A2A_GATE_", "HYPOTHESIS_", "PYTHONSAFEPATH")
 _FIRST_ANSWER_S = 120.0  # the root's answer (it forks a sub-zygote at most)
 _ROOT_BOOT = """
 from dispatcher.sandbox.zygote.server import root_main
