@@ -34,9 +34,8 @@ def rule_folder(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_every_check_runs_once_across_the_processes_and_a_failure_ends_the_run(rule_folder):
-    rule = rule_folder / "a2a_shared.py"
-    rule.write_text(GOOD)
+def test_every_check_runs_once_across_the_processes(rule_folder):
+    (rule_folder / "a2a_shared.py").write_text(GOOD)
     said = []
     workers = ww.Workers(2, said.append)
     try:
@@ -45,8 +44,18 @@ def test_every_check_runs_once_across_the_processes_and_a_failure_ends_the_run(r
         assert "the longest: tests/cpu/test_sizing_properties.py::test_property[" in said[-1]
         assert "the busiest process: " in said[-1]  # where the run's time went
         assert len({u for u in workers.durations if "test_property" in u}) == 5
-        rule.write_text(WRONG)
-        said.clear()
+        assert len({i for i in workers.timed}) == 2  # both processes ran a share
+    finally:
+        workers.close()
+    assert all(p is None for p in workers.procs)
+
+
+def test_a_failure_ends_the_run_and_a_save_while_it_shrinks_keeps_the_processes(rule_folder):
+    rule = rule_folder / "a2a_shared.py"
+    rule.write_text(WRONG)
+    said = []
+    workers = ww.Workers(2, said.append)
+    try:
         assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 1
         assert "Falsifying example, as found" in said[0] and "PropertyViolation" in said[0]
         assert said[1].startswith("FAILED ") and "test_sizing_properties.py::" in said[1]
@@ -54,7 +63,9 @@ def test_every_check_runs_once_across_the_processes_and_a_failure_ends_the_run(r
         assert workers.failed  # it goes first next time
         pids = [p.proc.pid for p in workers.procs]
         rule.write_text(GOOD)  # a save while the counterexample may be shrinking: it stops
+        said.clear()
         assert workers.run("a2a_shared:rule", ["-q", CHECKS]) == 0  # the stopped ones drained
+        assert said[-1].startswith("5 passed in "), said
         assert [p.proc.pid for p in workers.procs] == pids, said  # none killed, none cold
     finally:
         workers.close()
