@@ -20,8 +20,8 @@ small one.
   asking process would have given ``python -c``, it is the leader of a session of its own (a
   kill of its group takes what it started), and it calls a function of the gate's, named by
   reference and unpickled only in the child. The environment must be the root's own, up to
-  what is read only when used (xdist's ``PYTEST_*``, ``COLUMNS``, ``LINES``; the gate's own
-  ``A2A_GATE_*``), which the child is given as asked: a request with another
+  what is read only when used (``_RUNTIME_ONLY``: xdist's ``PYTEST_*``, the gate's own
+  ``A2A_GATE_*``, Hypothesis's, ...), which the child is given as asked: a request with another
   environment (another ``PYTHONPATH``, thread count, interpreter) is refused and the asker
   starts ``python -c`` as before, so a fork never differs from that process in what it
   imported. Unlike a fresh interpreter, a fork shares the zygote's hash seed.
