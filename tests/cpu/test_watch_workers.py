@@ -215,3 +215,40 @@ def test_a_spare_policy_process_loads_the_file_as_it_reads_when_taken(rule_folde
     finally:
         supervised.stop_all()
         supervised.forget_all()
+
+
+def test_a_watchs_next_pool_starts_once_this_runs_pool_is_taken_and_ready(monkeypatch):
+    """``warm.SPARES`` (a watch's test process): taking a rank pool starts the next run's copy
+    as soon as the taken one is ready, never beside its start and never in a plain run; the
+    copy is not the taken one (no policy code has run in it: a rank loads the policy at its
+    first world, the next run's)."""
+    import threading
+    import time
+
+    from dispatcher.gpu import warm
+
+    calls, gates = [], [threading.Event() for _ in range(4)]
+
+    def pool(resolve=None):  # the n-th copy is ready when gates[n] is set
+        n = len(calls)
+        assert all(g.is_set() for g in gates[:n]), "a copy started beside one still starting"
+        calls.append(n)
+        gates[n].wait(10)
+        return n
+
+    name = warm.POOLS[0]
+    monkeypatch.setitem(warm.RESOURCES, name, pool)
+    monkeypatch.setattr(warm, "SPARES", set())
+    gates[0].set()
+    warm.start(name)
+    assert warm.take(name) == 0 and name not in warm._STARTED  # a plain run starts no more
+    monkeypatch.setattr(warm, "SPARES", {name})
+    warm.start(name)
+    threading.Timer(0.3, gates[1].set).start()
+    t = time.monotonic()
+    assert warm.take(name) == 1 and time.monotonic() - t >= 0.25
+    assert name in warm._STARTED  # the next run's copy, started once this one was ready
+    gates[2].set(), gates[3].set()
+    assert warm.take(name) == 2 and calls == [0, 1, 2, 3]
+    warm.close_unused()
+    assert not warm._STARTED
