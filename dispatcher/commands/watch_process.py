@@ -1,8 +1,7 @@
 """A warm test process of ``a2a-gate watch`` (``watch_workers``): started once, it runs one
 ``Job`` after another, each a pytest session of its share of the policy's checks (``Shard``),
-and starts afresh the costly resources its share took for the next run (``gpu.warm``: a rank
-pool as soon as this run has taken its own, the single-GPU driver after the run), no policy
-code run in them before that run. Its messages to the watch: ``up``; per run
+and between runs starts afresh the costly resources its share took (``gpu.warm``: a rank pool,
+the single-GPU driver), no policy code run in them. Its messages to the watch: ``up``; per run
 ``found`` (a Hypothesis test's first failing example, as found, before shrinking), ``failed``
 (each failure, as pytest prints it, at once), ``tick`` (a test finished) and ``done`` (exit
 status, durations, counts); it stops after its current test on ``stop``, and
@@ -236,8 +235,7 @@ def _run_job(job: Job, rx: Connection, tx: Connection):
 
 
 def _prepare_next(taken) -> None:
-    """Start afresh, in the background, what this run took and has not started again (a rank
-    pool's next copy starts as this run takes its pool: ``warm.SPARES``), for the next run."""
+    """Start afresh, in the background, what this run took, for the next run to take."""
     from ..gpu import warm
     from ..policies import load_policy  # how a pool's ranks load the --policy spec
 
@@ -303,10 +301,6 @@ def serve(fd_in: int, fd_out: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the watch's: it asks us to stop
     try:
         import hypothesis  # noqa: F401 - warm before the first run asks for it
-
-        from ..gpu import warm
-
-        warm.SPARES.update(warm.POOLS)  # the next run's pool starts as this run's is taken
         tx.send(("up", os.getpid()))
         while not closing:
             job = rx.recv()
@@ -315,6 +309,8 @@ def serve(fd_in: int, fd_out: int) -> None:
             if not isinstance(job, Job):  # a "stop" that came after this run had ended
                 continue
             code, durations, counts, stopped = _run_job(job, rx, tx)
+            from ..gpu import warm
+
             taken = set(warm.TAKEN)
             tx.send(("done", job.run, code, durations, counts, stopped))
             if _left_inside_a_test():

@@ -15,8 +15,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 from ..sandbox.standins import MODULE_TABLE
 
-__all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take",
-           "close_unused", "TAKEN", "SPARES", "POOLS", "group_name"]
+__all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused", "TAKEN", "group_name"]
 
 
 def _pool(ep_size: int) -> Callable[..., object]:
@@ -50,12 +49,10 @@ def _single_gpu(resolve=None):
 
 # xdist group -> how its resource is made (``resolve``: the policy loader a rank pool hands
 # its ranks, from the plugin: this folder sits below the policies)
-POOLS = ("rank-pool-2-shared", "rank-pool-4-shared")  # processes of their own: a copy can
-# start beside one in use (the single-GPU driver is the test process's own CUDA context)
 RESOURCES: Dict[str, Callable[..., object]] = {
     "gpu-single": _single_gpu,
-    POOLS[0]: _pool(2),
-    POOLS[1]: _pool(4),
+    "rank-pool-2-shared": _pool(2),
+    "rank-pool-4-shared": _pool(4),
 }
 PINNED = tuple(RESOURCES)  # the groups pinned to a worker each, in this order
 # group -> the fixture that takes its resource: only a test that uses it makes it worth starting
@@ -79,11 +76,6 @@ def pinned_worker(group: str, workers: int) -> Optional[str]:
 
 _STARTED: Dict[str, tuple] = {}
 TAKEN: set = set()  # the names taken in this process (a watch's test process starts them afresh)
-# the names whose next copy starts as soon as one is taken and ready (a watch's test process:
-# the next run's rank pool starts while this run's pool tests run, not after the run, so a
-# save that follows a verdict within a pool's start finds it nearer ready). A copy runs no
-# policy code before its first world, which is the next run's: no earlier state answers there.
-SPARES: set = set()
 _LOCK = threading.Lock()
 
 
@@ -121,16 +113,12 @@ def take(name: str, resolve=None):
     with _LOCK:
         entry = _STARTED.pop(name, None)
     if entry is None:
-        value = RESOURCES[name](resolve)
-    else:
-        thread, box = entry
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        value = box["value"]
-    if name in SPARES:
-        start(name, resolve)  # the next run's copy, once this one is ready (``SPARES``)
-    return value
+        return RESOURCES[name](resolve)
+    thread, box = entry
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def close_unused() -> None:
