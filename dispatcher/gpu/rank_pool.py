@@ -209,6 +209,7 @@ class RankPool:
         self._start()
 
     def _start(self):
+        self._in_flight = False  # fresh ranks: no example under way
         port = env.free_port()
         t, sent_at = time.monotonic(), time.time()
         self._conns, self._procs = launch(_worker, [
@@ -361,13 +362,18 @@ class RankPool:
         try:
             head = (kind, body) if body is not None else (kind,)
             message = ForkingPickler.dumps((*head, world, spec, bypass, *extra))  # once for all
+            self._in_flight = True  # until every rank has answered (or the pool is rebuilt)
             for conn in self._conns:  # a few KiB into an idle pipe: never blocks
                 conn.send_bytes(message)
-            return self._collect(self.timeout, "example")
+            answers = self._collect(self.timeout, "example")
+            self._in_flight = False
+            return answers
         except (RemoteSizingError, RemoteEngineError, RemoteRefused):
+            self._in_flight = False
             raise  # every rank refused together, before any kernel: they are still in step
         except RemoteError as exc:
             if getattr(exc, "in_step", False):
+                self._in_flight = False
                 raise  # every rank answered and its device is idle: the pool is still usable
             self._rebuild()
             raise
@@ -383,9 +389,11 @@ class RankPool:
         self._start()
 
     def close(self, graceful: bool = True):
-        """Ask the ranks to exit (each gets 10 s), or kill them at once (``graceful=False``);
-        the ranks' log folder goes with the pool."""
-        self._stop(graceful)
+        """Ask the ranks to exit (each gets 10 s), or kill them at once (``graceful=False``, or
+        an example left unanswered: a Ctrl-C, or a watch's stop, came while the ranks ran it,
+        and they may wait in the agreement or a kernel for a peer that will never come:
+        asked, each would use up its 10 s); the ranks' log folder goes with the pool."""
+        self._stop(graceful and not self._in_flight)
         shutil.rmtree(self._logs, ignore_errors=True)
 
     def _stop(self, graceful: bool):

@@ -55,3 +55,24 @@ def test_ranks_that_received_different_worlds_refuse_together(stand_in_pool):
     pool = stand_in_pool("ok", "other world")
     with pytest.raises(RemoteError, match="different worlds"):
         pool._collect(30, "example")
+
+
+def test_a_pool_left_mid_example_is_closed_without_asking(stand_in_pool, monkeypatch):
+    """A Ctrl-C, or a watch's stop, while the ranks run an example: they may wait in a kernel
+    or the agreement for a peer that will never come, deaf to their pipes. Closing the pool
+    then kills them at once (asked to exit, each would use up its 10 s: a watch's next run
+    waited for that)."""
+    from dispatcher.model.world import World
+
+    pool = stand_in_pool("deaf", "deaf")
+    pool._in_flight, pool.max_dispatch_bytes = False, 1 << 30
+    pool.max_combine_bytes = 1 << 30
+
+    def interrupted(timeout, what):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pool, "_collect", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(World(ep_size=2, dp_size=1, group_tokens=(3,), max_num_tokens=8), "spec")
+    t = time.monotonic()
+    pool.close()
+    assert time.monotonic() - t < 5 and not any(p.is_alive() for p in pool._procs)
