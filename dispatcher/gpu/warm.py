@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 from ..sandbox.standins import MODULE_TABLE
 
-__all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused", "TAKEN", "group_name"]
+__all__ = ["RESOURCES", "PINNED", "FIXTURES", "pinned_worker", "start", "start_for", "take", "close_unused", "TAKEN", "POOLS", "group_name"]
 
 
 def _pool(ep_size: int) -> Callable[..., object]:
@@ -49,10 +49,11 @@ def _single_gpu(resolve=None):
 
 # xdist group -> how its resource is made (``resolve``: the policy loader a rank pool hands
 # its ranks, from the plugin: this folder sits below the policies)
+POOLS = ("rank-pool-2-shared", "rank-pool-4-shared")  # the rank pools' groups
 RESOURCES: Dict[str, Callable[..., object]] = {
     "gpu-single": _single_gpu,
-    "rank-pool-2-shared": _pool(2),
-    "rank-pool-4-shared": _pool(4),
+    POOLS[0]: _pool(2),
+    POOLS[1]: _pool(4),
 }
 PINNED = tuple(RESOURCES)  # the groups pinned to a worker each, in this order
 # group -> the fixture that takes its resource: only a test that uses it makes it worth starting

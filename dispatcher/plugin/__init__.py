@@ -189,11 +189,17 @@ def _has_workers(config) -> bool:
 
 
 def _preload_for_engine(config) -> None:
-    """An engine policy's tests need torch (seconds to import, more on a GPU host): a process
-    that will run them (an xdist worker, or the only process) imports it in the background
-    once it has collected, rather than at its first test. Not during collection: the import
-    holds the interpreter's lock much of its time, and a slower collection starts the pools
-    later (gating an SGLang file on a 1 x H100 host: collected in 6.2-7.1 s, then 3.4-4.0)."""
+    """The tests of an engine policy that drive torch in the test process need it (seconds to
+    import, more on a GPU host): a process that will run them imports it in the background
+    once it has collected, rather than at its first test. Those are a rank pool's group
+    (``dispatcher.gpu.warm.POOLS``: SGLang's recorder runs beside the pool); the single-GPU
+    tier's driver imports torch as it starts (where it is real: its CPU model needs none),
+    and every other test runs the engine's code in its policy process and imports no torch
+    here (none of a vLLM policy's on a CPU machine). So only the process that runs a pool's
+    group preloads it (elsewhere the import cost ~3.4 s of CPU on a 2-core machine, holding
+    the interpreter's lock while the tests ran). Not during collection: a slower collection
+    starts the pools later (gating an SGLang file on a 1 x H100 host: collected in 6.2-7.1 s,
+    then 3.4-4.0)."""
     from dispatcher.engines import engine_of_spec
 
     if engine_of_spec(config.getoption("--policy")) is None or _OPEN_CONFIGS[:1] != [config]:
@@ -372,10 +378,12 @@ def pytest_collection_finish(session):
     runs its tests itself (``-n 0``, a watch's test process), every one."""
     if session.config.option.collectonly:
         return  # nothing will run: a pool started now would only be torn down (torch imported)
-    _preload_for_engine(session.config)
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # this session's own worker id: a nested ``pytest -p no:xdist`` inherits its parent
+    # worker's PYTEST_XDIST_WORKER, yet runs every test it collects itself
+    worker = getattr(session.config, "workerinput", {}).get("workerid")
     alone = not worker and not _has_workers(session.config) and _OPEN_CONFIGS[:1] == [session.config]
     if not alone and not (worker and getattr(session.config.option, "loadgroup", False)):
+        _preload_for_engine(session.config)  # which tests run here is not known: any may need it
         return
     from dispatcher.gpu import warm
 
@@ -385,14 +393,17 @@ def pytest_collection_finish(session):
             name = str(mark.args[0] if mark.args else mark.kwargs.get("name", ""))
             uses = warm.FIXTURES.get(name) in getattr(item, "fixturenames", ())
             groups[name] = groups.get(name, False) or (uses and not item.stash.get(_UNAVAILABLE, ""))
+    workers = int(getattr(session.config, "workerinput", {}).get("workercount", 1))
+    if any(groups.get(g) and (alone or warm.pinned_worker(g, workers) == worker)
+           for g in warm.POOLS):
+        _preload_for_engine(session.config)
     from dispatcher.policies import load_policy  # how the pools' ranks load the --policy spec
 
     if alone:
         for group in (g for g in warm.PINNED if groups.get(g)):
             warm.start(group, resolve=load_policy)
         return
-    warm.start_for(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), groups,
-                   lambda group: groups[group], resolve=load_policy)
+    warm.start_for(worker, workers, groups, lambda group: groups[group], resolve=load_policy)
 
 
 def pytest_runtest_setup(item):

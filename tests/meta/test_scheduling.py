@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-from .. import CONFTEST
+from .. import CONFTEST, needs_torch
 
 TESTS = '''
 import pytest
@@ -148,3 +148,47 @@ def test_auto_starts_as_many_processes_as_the_run_has_work_for(pytester, monkeyp
     assert count == (POLICY_PROCESSES if expected == "policy" else expected)
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
     assert config.hook.pytest_xdist_auto_num_workers(config=config) == 5
+
+
+PRELOAD_SPY = '''
+import dispatcher.plugin
+
+PRELOADED = []  # each call of the plugin's torch preload in this process
+dispatcher.plugin._preload_for_engine = PRELOADED.append
+'''
+NO_TORCH_HERE = '''
+import pytest
+
+from conftest import PRELOADED
+
+
+@pytest.fixture
+def single_gpu():  # the tier's fixture: its group is pinned (its driver imports what it needs)
+    return None
+
+
+@pytest.mark.gpu
+def test_on_the_single_gpu_tier(single_gpu, policy):
+    pass
+
+
+def test_checks_the_policy(policy):
+    assert not PRELOADED, "torch preloaded in a process whose tests need none of it"
+'''
+
+
+@needs_torch()
+@pytest.mark.engine_releases("sglang")
+def test_under_an_engine_policy_a_process_with_no_pool_preloads_no_torch(pytester):
+    """Only a process that runs a rank pool's tests (SGLang's recorder runs beside the pool)
+    imports torch in the background (``plugin._preload_for_engine``); the others run the
+    engine's code in its policy process and need none of it (the nested user's run of
+    ``test_no_false_alarm`` paid ~3.4 s of CPU for it on a 2-core machine). The single-GPU
+    tier's driver imports torch as it starts, where it is real."""
+    from dispatcher.sglang.sources import RELEASES
+
+    pytester.makeconftest(CONFTEST + PRELOAD_SPY)
+    pytester.makepyfile(test_probe=NO_TORCH_HERE)
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider",
+                                           f"--policy=sglang:{RELEASES[-1]}", timeout=120)
+    result.assert_outcomes(passed=2)
