@@ -7,6 +7,7 @@ import re
 import signal
 import sys
 import threading
+import time
 
 import pytest
 
@@ -177,8 +178,39 @@ def test_a_stop_mid_bookkeeping_waits_and_a_process_left_inside_a_test_is_seen(m
         conn.close()
 
 
+# a rule that, while ``armed`` exists, says so at its first call and takes a second over it:
+# the test process is then surely mid-run, waiting for the policy (a timer was not: a 1 x H100
+# host ran the whole run before it fired)
+DYING = """import os
+import time
+
+from dispatcher.sizing import ideal_rule
+
+_FIRST = [True]
+
+
+def rule(view):
+    if _FIRST and os.path.exists({armed!r}):
+        _FIRST.clear()
+        open({called!r}, "w").close()
+        time.sleep(1)
+    return ideal_rule(view)
+"""
+
+
+def _kill_when(path, pid):
+    def wait():
+        for _ in range(600):
+            if path.exists():
+                os.killpg(pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+    threading.Thread(target=wait, daemon=True).start()
+
+
 def test_a_process_that_dies_fails_that_run_and_is_started_again(rule_folder):
-    (rule_folder / "a2a_dying.py").write_text(GOOD)
+    armed, called = rule_folder / "armed", rule_folder / "called"
+    (rule_folder / "a2a_dying.py").write_text(DYING.format(armed=str(armed), called=str(called)))
     said = []
     workers = ww.Workers(1, said.append)
     args = ["-q", SAME_ON_EVERY_RANK]  # a run of ~1 s: collection, the policy's load, one test
@@ -186,8 +218,10 @@ def test_a_process_that_dies_fails_that_run_and_is_started_again(rule_folder):
         first = workers.run("a2a_dying:rule", args)
         assert first == 0, said
         victim = workers.procs[0].proc.pid
-        threading.Timer(0.3, os.killpg, (victim, signal.SIGKILL)).start()  # mid-run
+        armed.touch()
+        _kill_when(called, victim)  # mid-run: while the policy answers its first call
         assert workers.run("a2a_dying:rule", args) == 3
+        armed.unlink()
         assert any("test process 0 died during the run" in line for line in said), said
         assert workers.run("a2a_dying:rule", args) == 0
         assert workers.procs[0].proc.pid != victim
