@@ -105,7 +105,10 @@ def test_ctrl_c_in_a_run_ends_the_watch_and_leaves_no_process(tmp_path, sig, wor
     temporary folder of its outlives it."""
     (tmp_path / "a2a_watched.py").write_text(SLOW)
     scratch = Path(tempfile.mkdtemp(prefix="a2a-w"))  # its TMPDIR (short: sockets live there)
-    proc, seen, spawned = _start(tmp_path, "--rule-budget-ms=1000", tmpdir=scratch), [], set()
+    # two test processes, as on a 2-core machine: a 16-core host started five (one per check),
+    # each importing torch beside the busy suite, and this test once took 11 s there
+    proc, seen, spawned = _start(tmp_path, "--rule-budget-ms=1000", "--workers=2",
+                                 tmpdir=scratch), [], set()
     try:
         end = time.monotonic() + 8
         while time.monotonic() < end and not spawned:  # a run is on: the policy's process is up
